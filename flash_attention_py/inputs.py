@@ -1,0 +1,59 @@
+"""The one input generator: fresh random q, k, v (and dO) for tests, benchmarks and notebooks."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["make_inputs"]
+
+
+def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch", device="cpu",
+                seed=None, with_grad=False, layout="bhnd"):
+    """Random normal q (B, H, Nq, D), k and v (B, H, Nk, D), and dO (B, H, Nq, D).
+
+    Arguments
+        Nk: defaults to Nq.
+        dtype: 'float16', 'bfloat16', 'float32' or 'float64' (bfloat16 only for torch).
+        kind: 'numpy' or 'torch'.
+        device: torch device ('cpu', 'cuda', ...); ignored for NumPy.
+        seed: None draws fresh inputs every call (the default: never test on one fixed input).
+        with_grad: torch tensors that require grad.
+        layout: 'bhnd' (contiguous) or 'bnhd' (a (B, N, H, D) buffer viewed as (B, H, N, D):
+            non-contiguous, as the output of a QKV projection usually is).
+
+    Returns a dict with 'q', 'k', 'v', 'do'. Values are drawn in float64 and then rounded
+    to ``dtype``, so a float64 reference of the rounded values is exact.
+    """
+    Nk = Nq if Nk is None else Nk
+    if layout not in ("bhnd", "bnhd"):
+        raise ValueError(f"make_inputs: layout must be 'bhnd' or 'bnhd', got {layout!r}")
+    if kind not in ("numpy", "torch"):
+        raise ValueError(f"make_inputs: kind must be 'numpy' or 'torch', got {kind!r}")
+    rng = np.random.default_rng(seed)
+
+    def draw(N):
+        shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
+        x = rng.standard_normal(shape)
+        return np.swapaxes(x, 1, 2) if layout == "bnhd" else x
+
+    arrays = {"q": draw(Nq), "k": draw(Nk), "v": draw(Nk), "do": draw(Nq)}
+    if kind == "numpy":
+        if dtype == "bfloat16":
+            raise TypeError("make_inputs: NumPy has no bfloat16; use kind='torch'")
+        out = {}
+        for name, x in arrays.items():
+            y = np.empty_like(x, dtype=dtype) if layout == "bhnd" else np.swapaxes(np.empty(np.swapaxes(x, 1, 2).shape, dtype), 1, 2)
+            y[...] = x
+            out[name] = y
+        return out
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    out = {}
+    for name, x in arrays.items():
+        base = torch.from_numpy(np.ascontiguousarray(np.swapaxes(x, 1, 2) if layout == "bnhd" else x))
+        base = base.to(device=device, dtype=tdtype)
+        t = base.transpose(1, 2) if layout == "bnhd" else base
+        if with_grad and name != "do":
+            t.requires_grad_(True)
+        out[name] = t
+    return out

@@ -1,0 +1,176 @@
+"""The split-based PyTorch v1 loop, as in tiny-flash-attention, made general and differentiable.
+
+``torch.split`` cuts Q, K, V and the HBM buffers O, l, m into blocks of ``block_size``
+rows (the last block may be shorter). Because ``torch.split`` returns *views*, the
+in-place ``mul_``/``add_``/``copy_`` on a block of O, l or m writes straight through to
+the buffer: that is how the loop "writes back to HBM". The loop order is FlashAttention-1's:
+outer over K/V blocks (j), inner over Q blocks (i).
+
+The backward is not autograd through this loop (that would store every block's P and
+defeat the purpose): :class:`FlashAttnSplitFunction` saves only q, k, v, O and lse, and its
+backward is a second tiled loop that recomputes P_ij = exp(S_ij - lse_i) block by block.
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import causal_offset
+from .validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
+
+__all__ = ["flash_attn_torch", "FlashAttnSplitFunction"]
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_NEG_INF = float("-inf")
+
+
+def _acc_dtype(dtype):
+    """fp64 stays fp64; fp32, fp16 and bf16 accumulate in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk):
+    """S_ij = scale * Q_i K_j^T (fp32 or fp64), -inf where the causal rule hides a key."""
+    S_ij = torch.matmul(Qi, Kj.transpose(-2, -1)).mul_(scale)
+    Br, Bc = S_ij.shape[-2:]
+    if causal and c0 + Bc - 1 > r0 + causal_offset(Nq, Nk):  # block touches the diagonal
+        rows = torch.arange(r0, r0 + Br, device=S_ij.device)[:, None]
+        cols = torch.arange(c0, c0 + Bc, device=S_ij.device)[None, :]
+        S_ij.masked_fill_(cols > rows + causal_offset(Nq, Nk), _NEG_INF)
+    return S_ij
+
+
+def _fully_masked(r0, Br, c0, Nq, Nk):
+    """Causal: no query of rows [r0, r0+Br) sees any key from column c0 on."""
+    return c0 > r0 + Br - 1 + causal_offset(Nq, Nk)
+
+
+def _forward(q, k, v, causal, scale, block_size):
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    acc = _acc_dtype(q.dtype)
+    # HBM buffers: O (unnormalised until the end), l = running row sum, m = running row max
+    O = torch.zeros((B, H, Nq, D), dtype=acc, device=q.device)
+    l = torch.zeros((B, H, Nq, 1), dtype=acc, device=q.device)
+    m = torch.full((B, H, Nq, 1), _NEG_INF, dtype=acc, device=q.device)
+
+    Q_BLOCKS = torch.split(q, block_size, dim=-2)
+    K_BLOCKS = torch.split(k, block_size, dim=-2)
+    V_BLOCKS = torch.split(v, block_size, dim=-2)
+    O_BLOCKS = torch.split(O, block_size, dim=-2)  # views: in-place updates land in O
+    L_BLOCKS = torch.split(l, block_size, dim=-2)
+    M_BLOCKS = torch.split(m, block_size, dim=-2)
+
+    for j, (Kj, Vj) in enumerate(zip(K_BLOCKS, V_BLOCKS)):  # outer loop over K/V blocks
+        c0 = j * block_size
+        Kj, Vj = Kj.to(acc), Vj.to(acc)
+        for i, Qi in enumerate(Q_BLOCKS):  # inner loop over Q blocks
+            r0 = i * block_size
+            if causal and _fully_masked(r0, Qi.shape[-2], c0, Nq, Nk):
+                continue
+            Oi, li, mi = O_BLOCKS[i], L_BLOCKS[i], M_BLOCKS[i]
+            S_ij = _scores(Qi.to(acc), Kj, scale, causal, r0, c0, Nq, Nk)
+            # m_new = max(m_old, rowmax(S_ij))
+            m_new = torch.maximum(mi, S_ij.amax(dim=-1, keepdim=True))
+            m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # row with no visible key yet
+            # P_ij = exp(S_ij - m_new)      (in place: S_ij becomes P_ij)
+            P_ij = S_ij.sub_(m_safe).exp_()
+            # alpha = exp(m_old - m_new)
+            alpha = torch.exp(mi - m_safe)
+            # l_i = alpha * l_i + rowsum(P_ij)   (in place, written through to l)
+            li.mul_(alpha).add_(P_ij.sum(dim=-1, keepdim=True))
+            # O_i = alpha * O_i + P_ij V_j       (in place, written through to O)
+            Oi.mul_(alpha).add_(torch.matmul(P_ij, Vj))
+            mi.copy_(m_new)
+    # O = O / l ; lse = m + log(l) ; rows that saw no key: O = 0, lse = -inf
+    seen = l > 0
+    O = torch.where(seen, O / torch.where(seen, l, torch.ones_like(l)), torch.zeros_like(O))
+    lse = torch.where(seen, m + torch.log(torch.where(seen, l, torch.ones_like(l))), torch.full_like(m, _NEG_INF))
+    return O.to(q.dtype), lse.squeeze(-1)
+
+
+def _backward(q, k, v, O, lse, dO, causal, scale, block_size):
+    acc = _acc_dtype(q.dtype)
+    Nq, Nk = q.shape[2], k.shape[2]
+    # D_i = rowsum(dO_i * O_i)
+    Delta = (dO.to(acc) * O.to(acc)).sum(dim=-1, keepdim=True)
+    lse = lse.unsqueeze(-1).to(acc)
+    no_key = lse == _NEG_INF
+    lse_safe = lse.masked_fill(no_key, 0.0)
+    dQ = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dK = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dV = torch.zeros(v.shape, dtype=acc, device=q.device)
+    Q_BLOCKS, dO_BLOCKS = torch.split(q, block_size, dim=-2), torch.split(dO, block_size, dim=-2)
+    LSE_BLOCKS, NOKEY_BLOCKS = torch.split(lse_safe, block_size, dim=-2), torch.split(no_key, block_size, dim=-2)
+    DELTA_BLOCKS, dQ_BLOCKS = torch.split(Delta, block_size, dim=-2), torch.split(dQ, block_size, dim=-2)
+    K_BLOCKS, V_BLOCKS = torch.split(k, block_size, dim=-2), torch.split(v, block_size, dim=-2)
+    dK_BLOCKS, dV_BLOCKS = torch.split(dK, block_size, dim=-2), torch.split(dV, block_size, dim=-2)
+    for j, (Kj, Vj) in enumerate(zip(K_BLOCKS, V_BLOCKS)):  # outer loop over K/V blocks
+        c0 = j * block_size
+        Kj, Vj = Kj.to(acc), Vj.to(acc)
+        dKj, dVj = dK_BLOCKS[j], dV_BLOCKS[j]
+        for i, Qi in enumerate(Q_BLOCKS):  # inner loop over Q blocks
+            r0 = i * block_size
+            if causal and _fully_masked(r0, Qi.shape[-2], c0, Nq, Nk):
+                continue
+            Qi, dOi = Qi.to(acc), dO_BLOCKS[i].to(acc)
+            S_ij = _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk)
+            # P_ij = exp(S_ij - lse_i)   (recomputed, never stored)
+            P_ij = S_ij.sub_(LSE_BLOCKS[i]).exp_().masked_fill_(NOKEY_BLOCKS[i], 0.0)
+            # dV_j += P_ij^T dO_i
+            dVj.add_(torch.matmul(P_ij.transpose(-2, -1), dOi))
+            # dS_ij = P_ij * (dO_i V_j^T - D_i)
+            dS_ij = P_ij.mul_(torch.matmul(dOi, Vj.transpose(-2, -1)).sub_(DELTA_BLOCKS[i]))
+            # dQ_i += scale * dS_ij K_j ;  dK_j += scale * dS_ij^T Q_i
+            dQ_BLOCKS[i].add_(torch.matmul(dS_ij, Kj), alpha=scale)
+            dKj.add_(torch.matmul(dS_ij.transpose(-2, -1), Qi), alpha=scale)
+    return dQ.to(q.dtype), dK.to(k.dtype), dV.to(v.dtype)
+
+
+class FlashAttnSplitFunction(torch.autograd.Function):
+    """autograd.Function: forward = the split v1 loop, backward = the tiled recompute loop."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, block_size):
+        O, lse = _forward(q, k, v, causal, scale, block_size)
+        ctx.save_for_backward(q, k, v, O, lse)
+        ctx.causal, ctx.scale, ctx.block_size = causal, scale, block_size
+        ctx.mark_non_differentiable(lse)
+        return O, lse
+
+    @staticmethod
+    def backward(ctx, dO, _dlse):
+        q, k, v, O, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, O, lse, dO, ctx.causal, ctx.scale, ctx.block_size)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attn_torch(q, k, v, *, causal=False, softmax_scale=None, block_size=64, return_lse=False):
+    """FlashAttention-1 loop with ``torch.split`` blocks, on CPU or CUDA tensors; differentiable.
+
+    Arguments
+        q: (B, H, Nq, D); k, v: (B, H, Nk, D). torch tensors, float16/bfloat16/float32/float64,
+           on one device, any strides. fp16/bf16/fp32 accumulate in fp32, fp64 in fp64.
+        causal: bottom-right aligned mask: query i sees key j iff j <= i + Nk - Nq.
+
+                Nq=Nk=3      Nq=2, Nk=4       Nq=3, Nk=2
+                  k0 k1 k2     k0 k1 k2 k3      k0 k1
+              q0  1  0  0   q0 1  1  1  0   q0  0  0   <- no key: O = 0, lse = -inf
+              q1  1  1  0   q1 1  1  1  1   q1  1  0
+              q2  1  1  1                   q2  1  1
+
+        softmax_scale: defaults to 1/sqrt(D).
+        block_size: rows per block for Q and K/V (Br = Bc); the last block may be shorter.
+        return_lse: also return lse (B, H, Nq), float32 (float64 for float64 inputs), not differentiable.
+
+    Returns O (B, H, Nq, D) in q's dtype, and lse if asked.
+    """
+    fn = "flash_attn_torch"
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=_DTYPES)
+    check_flag(causal, "causal", fn=fn)
+    check_flag(return_lse, "return_lse", fn=fn)
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    block_size = check_block_size(block_size, "block_size", fn=fn)
+    O, lse = FlashAttnSplitFunction.apply(q, k, v, causal, scale, block_size)
+    if q.dtype != torch.float64:
+        lse = lse.float()
+    return (O, lse) if return_lse else O
