@@ -1,0 +1,108 @@
+"""Lab 1: the online-softmax merge step of FlashAttention, in NumPy.
+
+FlashAttention never holds a whole row of scores. It walks over the keys block by block and keeps,
+for every query row, three running quantities (names as in the FlashAttention papers):
+
+    m    running row max of the scaled scores seen so far      (-inf before the first key)
+    l    running row sum of exp(S - m)                         (0 before the first key)
+    acc  running unnormalised output: sum of exp(S - m) * V    (0 before the first key)
+
+When a new block of scores S_ij arrives the max may grow, and everything summed so far under the
+old max must be rescaled. Your job: write the two functions marked TODO below.
+
+  1. merge_block(m_old, l_old, acc_old, S_ij, V_j) -> (m_new, l_new, acc_new)
+       m_new = max(m_old, rowmax(S_ij))
+       P_ij  = exp(S_ij - m_new)
+       alpha = exp(m_old - m_new)
+       l_new = alpha * l_old + rowsum(P_ij)
+       acc_new = alpha * acc_old + P_ij @ V_j
+     Careful: a row whose keys are all hidden (causal) has m = -inf, and exp(-inf - (-inf)) is NaN.
+  2. finalize(m, l, acc) -> (O, lse):  O = acc / l,  lse = m + log(l);  a row that saw no key
+     (l == 0) must give O = 0 and lse = -inf, never NaN.
+
+The loop that calls them (flash_attn_lab1, below) is given: read it, do not change it.
+Check your work (from the repository root):
+
+    python notebooks/labs/grade.py lab1                   # grades this file
+    python notebooks/labs/grade.py lab1 path/to/copy.py   # grades your own copy
+
+The grader runs the shared test cases of tests/harness.py against the float64 reference and prints
+a hint for the first case that fails. Shapes below: ``...`` are the leading (B, H) axes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from flash_attention_py.common import causal_kv_end, causal_visible
+from flash_attention_py.validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
+
+
+def merge_block(m_old, l_old, acc_old, S_ij, V_j):
+    """Fold one K/V block into the running statistics of one Q block.
+
+    Shapes (``...`` are the leading (B, H) axes):
+        m_old   (..., Br)      running row max of the scores seen so far (-inf: no key seen yet)
+        l_old   (..., Br)      running row sum of exp(S - m_old)
+        acc_old (..., Br, D)   running unnormalised output: sum over seen keys of exp(S - m_old) V
+        S_ij    (..., Br, Bc)  scaled scores of this block, -inf where a key is hidden (causal)
+        V_j     (..., Bc, D)   values of this block
+    Returns (m_new, l_new, acc_new) with the shapes of (m_old, l_old, acc_old).
+    """
+    # TODO(lab1): write the merge step (about 6 lines).
+    #   m_new   = max(m_old, rowmax(S_ij))           np.maximum, S_ij.max(axis=-1)
+    #   P_ij    = exp(S_ij - m_new)                   broadcast m_new over the Bc axis: m_new[..., None]
+    #   alpha   = exp(m_old - m_new)                  rescales what was summed under the old max
+    #   l_new   = alpha * l_old + rowsum(P_ij)
+    #   acc_new = alpha * acc_old + P_ij @ V_j        alpha[..., None] to broadcast over D
+    # A row with m_new = -inf (no visible key yet) must give P_ij = 0 and alpha = 0, not NaN:
+    # subtract 0 instead of -inf there (np.where(np.isneginf(m_new), 0.0, m_new)).
+    raise NotImplementedError("merge_block is not written yet: fill in the TODO(lab1) in merge_block")
+
+
+def finalize(m, l, acc):
+    """Turn the final statistics of a Q block into its output rows and log-sum-exp.
+
+    m, l (..., Br); acc (..., Br, D). Returns O (..., Br, D) = acc / l and lse (..., Br) = m + log(l);
+    a row that saw no key (l == 0) gets O = 0 and lse = -inf.
+    """
+    # TODO(lab1): write the final normalisation (about 4 lines).
+    #   O   = acc / l           (l[..., None] to broadcast over D)
+    #   lse = m + log(l)
+    # Rows with l == 0 saw no key: O = 0 and lse = -inf there (np.where; avoid dividing by 0).
+    raise NotImplementedError("finalize is not written yet: fill in the TODO(lab1) in finalize")
+
+
+def flash_attn_lab1(q, k, v, *, causal=False, softmax_scale=None, block_m=32, block_n=16, return_lse=False):
+    """FlashAttention-2 forward in NumPy (outer loop over Q blocks, inner loop over K/V blocks). GIVEN.
+
+    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 or float64 NumPy arrays. causal is bottom-right
+    aligned (query i sees key j iff j <= i + Nk - Nq). Returns O (B, H, Nq, D) in q's dtype, and
+    lse (B, H, Nq) if return_lse.
+    """
+    fn = "flash_attn_lab1"
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("numpy",), dtypes=("float32", "float64"))
+    check_flag(causal, "causal", fn=fn)
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    Br = check_block_size(block_m, "block_m", fn=fn)
+    Bc = check_block_size(block_n, "block_n", fn=fn)
+    O_hbm = np.empty((B, H, Nq, D), q.dtype)
+    lse_hbm = np.empty((B, H, Nq), q.dtype)
+    for i in range(math.ceil(Nq / Br)):  # outer loop: one Q block
+        r0, r1 = i * Br, min(Nq, (i + 1) * Br)
+        Qi = q[:, :, r0:r1]
+        m_i = np.full((B, H, r1 - r0), -np.inf, q.dtype)  # running row max
+        l_i = np.zeros((B, H, r1 - r0), q.dtype)  # running row sum
+        acc = np.zeros((B, H, r1 - r0, D), q.dtype)  # unnormalised O_i
+        kv_end = causal_kv_end(r1, Nq, Nk) if causal else Nk
+        for j in range(math.ceil(kv_end / Bc)):  # inner loop over K/V blocks
+            c0, c1 = j * Bc, min(Nk, (j + 1) * Bc)
+            Kj, Vj = k[:, :, c0:c1], v[:, :, c0:c1]
+            # S_ij = scale * Q_i K_j^T, -inf where the causal rule hides a key
+            S_ij = scale * (Qi @ np.swapaxes(Kj, -1, -2))
+            if causal:
+                S_ij = np.where(causal_visible(np.arange(r0, r1), np.arange(c0, c1), Nq, Nk), S_ij, -np.inf)
+            m_i, l_i, acc = merge_block(m_i, l_i, acc, S_ij, Vj)
+        O_hbm[:, :, r0:r1], lse_hbm[:, :, r0:r1] = finalize(m_i, l_i, acc)
+    return (O_hbm, lse_hbm) if return_lse else O_hbm

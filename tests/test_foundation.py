@@ -1,0 +1,89 @@
+"""The shared pieces themselves: reference semantics, causal rule, FLOP formula, input generator, registry."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flash_attention_py import attention_flops, attention_reference, causal_visible, flash_attn_numpy, make_inputs
+from flash_attention_py.common import causal_kv_end
+from flash_attention_py.registry import BACKENDS, get_backend
+
+
+def test_causal_rule_bottom_right():
+    # Nq = 2, Nk = 5: the two queries are the last two positions
+    assert causal_visible(range(2), range(5), 2, 5).astype(int).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    # Nq = 5, Nk = 2: the first three queries see nothing
+    assert causal_visible(range(5), range(2), 5, 2).astype(int).tolist() == [[0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
+    assert np.array_equal(causal_visible(range(4), range(4), 4, 4), np.tril(np.ones((4, 4), bool)))
+    assert causal_kv_end(2, 5, 2) == 0 and causal_kv_end(5, 5, 2) == 2 and causal_kv_end(1, 2, 5) == 4
+
+
+def test_rows_that_see_no_key_give_zero_and_minus_inf():
+    x = make_inputs(1, 2, 7, 3, 8, kind="numpy", dtype="float64")
+    o, lse = attention_reference(x["q"], x["k"], x["v"], causal=True, return_lse=True)
+    assert np.all(o[:, :, :4] == 0) and np.all(np.isneginf(lse[:, :, :4]))
+    assert np.all(np.isfinite(lse[:, :, 4:]))
+    for order in ("v1", "v2"):
+        o2, lse2 = flash_attn_numpy(x["q"], x["k"], x["v"], causal=True, loop_order=order, return_lse=True,
+                                    block_m=2, block_n=2)
+        assert np.all(o2[:, :, :4] == 0) and np.all(np.isneginf(lse2[:, :, :4]))
+
+
+def test_reference_matches_an_explicit_loop():
+    x = make_inputs(1, 1, 5, 6, 4, kind="numpy", dtype="float64")
+    q, k, v = x["q"][0, 0], x["k"][0, 0], x["v"][0, 0]
+    scale = 0.7
+    o = attention_reference(x["q"], x["k"], x["v"], softmax_scale=scale)[0, 0]
+    for i in range(5):
+        s = [scale * float(q[i] @ k[j]) for j in range(6)]
+        w = [math.exp(t - max(s)) for t in s]
+        expect = sum(wj * v[j] for j, wj in enumerate(w)) / sum(w)
+        np.testing.assert_allclose(o[i], expect, rtol=1e-12)
+
+
+def test_reference_accepts_torch_and_returns_float64():
+    x = make_inputs(2, 1, 9, 9, 8, kind="torch", dtype="float16")
+    o = attention_reference(x["q"], x["k"], x["v"])
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.float64
+
+
+def test_flops_formula():
+    assert attention_flops(1, 1, 10, 20, 8) == 4 * 10 * 20 * 8
+    assert attention_flops(2, 3, 10, 10, 8, causal=True) == 0.5 * 4 * 2 * 3 * 100 * 8
+    assert attention_flops(1, 1, 10, 10, 8, mode="bwd") == 2.5 * 4 * 100 * 8
+    with pytest.raises(ValueError, match="mode"):
+        attention_flops(1, 1, 1, 1, 1, mode="backward")
+
+
+def test_make_inputs_is_fresh_random_and_noncontiguous_when_asked():
+    a, b = make_inputs(1, 2, 8, 8, 4, kind="numpy"), make_inputs(1, 2, 8, 8, 4, kind="numpy")
+    assert not np.array_equal(a["q"], b["q"]) and np.abs(a["q"]).min() > 0
+    t = make_inputs(2, 3, 8, 5, 4, kind="torch", layout="bnhd")
+    assert tuple(t["q"].shape) == (2, 3, 8, 4) and tuple(t["k"].shape) == (2, 3, 5, 4)
+    assert not t["q"].is_contiguous()
+    n = make_inputs(2, 3, 8, 5, 4, kind="numpy", layout="bnhd", dtype="float16")
+    assert n["q"].dtype == np.float16 and not n["q"].flags.c_contiguous
+
+
+def test_hbm_stats_v1_vs_v2():
+    N, D, Br, Bc = 256, 16, 32, 64
+    x = make_inputs(1, 1, N, N, D, kind="numpy")
+    s1, s2 = {}, {}
+    flash_attn_numpy(x["q"], x["k"], x["v"], loop_order="v1", block_m=Br, block_n=Bc, hbm_stats=s1)
+    flash_attn_numpy(x["q"], x["k"], x["v"], loop_order="v2", block_m=Br, block_n=Bc, hbm_stats=s2)
+    Tr, Tc = N // Br, N // Bc
+    assert s1["read_k"] == N * D and s1["read_q"] == Tc * N * D and s1["write_o"] == Tc * N * D
+    assert s2["read_q"] == N * D and s2["read_k"] == Tr * N * D and s2["write_o"] == N * D
+
+
+def test_registry_entries_are_complete():
+    names = [b.name for b in BACKENDS]
+    assert len(names) == len(set(names))
+    for b in BACKENDS:
+        assert b.array in ("numpy", "torch") and b.dtypes and b.rung
+        assert ":" in b.target
+        if b.array == "numpy" and b.backward:
+            assert b.backward_target
+    assert get_backend("numpy-v2").unavailable_reason("cpu") is None
+    assert "does not run on cuda" in get_backend("numpy-v2").unavailable_reason("cuda")
