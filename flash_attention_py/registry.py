@@ -164,7 +164,7 @@ BACKENDS = (
         description="Triton kernel, FlashAttention-2 order (GPU, or CPU through TRITON_INTERPRET=1)",
         target="flash_attention_triton:flash_attn_triton", array="torch",
         dtypes={"cpu": ("float32", "float16"), "cuda": ("float16", "bfloat16", "float32")},
-        backward=True, max_head_dim=256, tf32_on=("cuda",), slow_on_cpu=True, probe=_triton_probe,
+        backward=True, max_head_dim=256, tf32_on=(), slow_on_cpu=True, probe=_triton_probe,
     ),
     Backend(
         name="cuda-naive", rung="cuda",

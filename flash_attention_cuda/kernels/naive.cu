@@ -18,13 +18,14 @@
 // shows this, `seed_nomax_fwd` below keeps that behaviour on purpose (same loops, no max).
 #include "common.cuh"
 
-template <int D_PAD, int BC>
-__global__ void naive_fwd(const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V,
-                          float* __restrict__ O, float* __restrict__ LSE, int Nq, int Nk, int D, float scale,
-                          int causal) {
+template <int D_PAD, int BC, int BR>
+__global__ void __launch_bounds__(BR) naive_fwd(const float* __restrict__ Q, const float* __restrict__ K,
+                                                const float* __restrict__ V, float* __restrict__ O,
+                                                float* __restrict__ LSE, int Nq, int Nk, int D, float scale,
+                                                int causal) {
     __shared__ float k_tile[BC][D_PAD];
     __shared__ float v_tile[BC][D_PAD];
-    const int BR = blockDim.x;
+    __shared__ float p_tile[BC][BR];  // column r holds thread r's scores, then its P_ij row
     const int r = threadIdx.x;
     const int i = blockIdx.x * BR + r;  // this thread's query row
     const long long bh = blockIdx.y;
@@ -34,20 +35,20 @@ __global__ void naive_fwd(const float* __restrict__ Q, const float* __restrict__
     const float scale2 = scale * FA_LOG2E;  // scores in log2 units: exp(x) = exp2(x * log2 e)
     const int off = Nk - Nq;
 
-    float q_reg[D_PAD];
-    float o_reg[D_PAD];
+    float q_reg[D_PAD];  // this row of Q, zero past D
+    float o_reg[D_PAD];  // acc: the unnormalised output row
 #pragma unroll
     for (int d = 0; d < D_PAD; ++d) {
         q_reg[d] = (i < Nq && d < D) ? q[(long long)i * D + d] : 0.0f;
         o_reg[d] = 0.0f;
     }
-    float m = FA_NEG_INF, l = 0.0f;
+    float m = FA_NEG_INF, l = 0.0f;  // running max (log2 units) and running sum
 
     // the block's last row decides how far the K/V loop goes (causal block skipping)
     const int row_end = min(Nq, (int)(blockIdx.x + 1) * BR);
     const int kv_end = fa::kv_end_for(row_end, Nq, Nk, causal != 0);
     for (int j0 = 0; j0 < kv_end; j0 += BC) {
-        __syncthreads();  // the previous tile is no longer read
+        __syncthreads();  // nobody still reads the previous tile
         for (int e = r; e < BC * D_PAD; e += BR) {  // cooperative load, zero-filled tails
             const int c = e / D_PAD, d = e % D_PAD;
             const bool in = (j0 + c < Nk) && d < D;
@@ -55,53 +56,53 @@ __global__ void naive_fwd(const float* __restrict__ Q, const float* __restrict__
             v_tile[c][d] = in ? v[(long long)(j0 + c) * D + d] : 0.0f;
         }
         __syncthreads();
-        if (i < Nq) {
-            float s[BC];
-            float m_tile = FA_NEG_INF;  // max_c s_c over the visible keys of this tile
+        // S_ij = Qi Kj^T * scale (one row of it per thread); masked keys get -inf
+        float m_tile = FA_NEG_INF;
+        for (int c = 0; c < BC; ++c) {
+            float dot = 0.0f;
 #pragma unroll
-            for (int c = 0; c < BC; ++c) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int d = 0; d < D_PAD; ++d) dot = fmaf(q_reg[d], k_tile[c][d], dot);
-                s[c] = fa::visible(i, j0 + c, Nk, off, causal != 0) ? dot * scale2 : FA_NEG_INF;
-                m_tile = fmaxf(m_tile, s[c]);
-            }
-            const float m_new = fmaxf(m, m_tile);          // m_new = max(m_old, rowmax(S_ij))
-            const float alpha = fa::exp2_minus(m, m_new);  // exp(m_old - m_new); 0 while m_new = -inf
-            float l_tile = 0.0f;
-#pragma unroll
-            for (int c = 0; c < BC; ++c) {
-                s[c] = fa::exp2_minus(s[c], m_new);  // P_ij = exp(S_ij - m_new)
-                l_tile += s[c];
-            }
-            l = alpha * l + l_tile;  // l_new = alpha * l_old + rowsum(P_ij)
-#pragma unroll
-            for (int d = 0; d < D_PAD; ++d) {
-                float pv = 0.0f;
-#pragma unroll
-                for (int c = 0; c < BC; ++c) pv = fmaf(s[c], v_tile[c][d], pv);
-                o_reg[d] = fmaf(alpha, o_reg[d], pv);  // acc = alpha * acc + P_ij V_j
-            }
-            m = m_new;
+            for (int d = 0; d < D_PAD; ++d) dot = fmaf(q_reg[d], k_tile[c][d], dot);
+            const float s = fa::visible(i, j0 + c, Nk, off, causal != 0) ? dot * scale2 : FA_NEG_INF;
+            p_tile[c][r] = s;
+            m_tile = fmaxf(m_tile, s);
         }
+        const float m_new = fmaxf(m, m_tile);          // m_new = max(m_old, rowmax(S_ij))
+        const float alpha = fa::exp2_minus(m, m_new);  // exp(m_old - m_new); 0 while m_new = -inf
+        float l_tile = 0.0f;
+        for (int c = 0; c < BC; ++c) {
+            const float p = fa::exp2_minus(p_tile[c][r], m_new);  // P_ij = exp(S_ij - m_new)
+            p_tile[c][r] = p;
+            l_tile += p;
+        }
+        l = alpha * l + l_tile;  // l_new = alpha * l_old + rowsum(P_ij)
+#pragma unroll
+        for (int d = 0; d < D_PAD; ++d) o_reg[d] *= alpha;  // acc = alpha * acc ...
+        for (int c = 0; c < BC; ++c) {
+            const float p = p_tile[c][r];
+#pragma unroll
+            for (int d = 0; d < D_PAD; ++d) o_reg[d] = fmaf(p, v_tile[c][d], o_reg[d]);  // ... + P_ij V_j
+        }
+        m = m_new;
     }
     if (i < Nq) {
         const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: O = 0
-        for (int d = 0; d < D; ++d) O[bh * Nq * D + (long long)i * D + d] = o_reg[d < D_PAD ? d : 0] * inv_l;
-        LSE[bh * Nq + i] = l > 0.0f ? (m + log2f(l)) * FA_LN2 : FA_NEG_INF;
+#pragma unroll
+        for (int d = 0; d < D_PAD; ++d)
+            if (d < D) O[bh * Nq * D + (long long)i * D + d] = o_reg[d] * inv_l;
+        LSE[bh * Nq + i] = l > 0.0f ? (m + log2f(l)) * FA_LN2 : FA_NEG_INF;  // lse = m + log(l)
     }
 }
 
 // The seed kernel's arithmetic, kept only to demonstrate its overflow: it sums exp(s) with no
 // running max, so exp(s) = inf once a score passes ~88.7 and O becomes inf/inf = NaN.
 // Same launch shape and bounds checks as naive_fwd; non-causal, no lse.
-template <int D_PAD, int BC>
-__global__ void seed_nomax_fwd(const float* __restrict__ Q, const float* __restrict__ K,
-                               const float* __restrict__ V, float* __restrict__ O, int Nq, int Nk, int D,
-                               float scale) {
+template <int D_PAD, int BC, int BR>
+__global__ void __launch_bounds__(BR) seed_nomax_fwd(const float* __restrict__ Q, const float* __restrict__ K,
+                                                     const float* __restrict__ V, float* __restrict__ O, int Nq,
+                                                     int Nk, int D, float scale) {
     __shared__ float k_tile[BC][D_PAD];
     __shared__ float v_tile[BC][D_PAD];
-    const int BR = blockDim.x;
+    __shared__ float p_tile[BC][BR];
     const int r = threadIdx.x;
     const int i = blockIdx.x * BR + r;
     const long long bh = blockIdx.y;
@@ -121,31 +122,34 @@ __global__ void seed_nomax_fwd(const float* __restrict__ Q, const float* __restr
             v_tile[c][d] = in ? V[bh * Nk * D + (long long)(j0 + c) * D + d] : 0.0f;
         }
         __syncthreads();
-        float s[BC];
-#pragma unroll
         for (int c = 0; c < BC; ++c) {
             float dot = 0.0f;
 #pragma unroll
             for (int d = 0; d < D_PAD; ++d) dot = fmaf(q_reg[d], k_tile[c][d], dot);
-            s[c] = (j0 + c < Nk) ? expf(dot * scale) : 0.0f;  // exp(s) with no max: overflows
-            s_sum += s[c];
+            const float p = (j0 + c < Nk) ? expf(dot * scale) : 0.0f;  // exp(s) with no max: overflows
+            p_tile[c][r] = p;
+            s_sum += p;
         }
+        for (int c = 0; c < BC; ++c) {
+            const float p = p_tile[c][r];
+#pragma unroll
+            for (int d = 0; d < D_PAD; ++d) o_reg[d] = fmaf(p, v_tile[c][d], o_reg[d]);
+        }
+    }
+    if (i < Nq) {
 #pragma unroll
         for (int d = 0; d < D_PAD; ++d)
-#pragma unroll
-            for (int c = 0; c < BC; ++c) o_reg[d] += s[c] * v_tile[c][d];
+            if (d < D) O[bh * Nq * D + (long long)i * D + d] = o_reg[d] / s_sum;
     }
-    if (i < Nq)
-        for (int d = 0; d < D; ++d) O[bh * Nq * D + (long long)i * D + d] = o_reg[d < D_PAD ? d : 0] / s_sum;
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the compile test) builds these; at run time NVRTC instantiates them through name_expressions.
-#define FA_NAIVE_INST(DP)                                                                                  \
-    template __global__ void naive_fwd<DP, 32>(const float*, const float*, const float*, float*, float*, int, \
-                                               int, int, float, int);                                      \
-    template __global__ void seed_nomax_fwd<DP, 32>(const float*, const float*, const float*, float*, int, int, \
-                                                    int, float);
+#define FA_NAIVE_INST(DP)                                                                                 \
+    template __global__ void naive_fwd<DP, 32, 64>(const float*, const float*, const float*, float*, float*, int, \
+                                                   int, int, float, int);                                     \
+    template __global__ void seed_nomax_fwd<DP, 32, 64>(const float*, const float*, const float*, float*, int,   \
+                                                        int, int, float);
 FA_NAIVE_INST(32)
 FA_NAIVE_INST(64)
 FA_NAIVE_INST(128)

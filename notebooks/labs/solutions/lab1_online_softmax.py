@@ -58,7 +58,7 @@ def finalize(m, l, acc):
 
 
 def flash_attn_lab1(q, k, v, *, causal=False, softmax_scale=None, block_m=32, block_n=16, return_lse=False):
-    """FlashAttention-2 forward in NumPy (outer loop over Q blocks, inner loop over K/V blocks).
+    """FlashAttention-2 forward in NumPy (outer loop over Q blocks, inner loop over K/V blocks). GIVEN.
 
     q (B, H, Nq, D), k and v (B, H, Nk, D): float32 or float64 NumPy arrays. causal is bottom-right
     aligned (query i sees key j iff j <= i + Nk - Nq). Returns O (B, H, Nq, D) in q's dtype, and

@@ -1,0 +1,522 @@
+"""``python -m benchmarks``: time every backend of the registry beside PyTorch's own attention kernels.
+
+    python -m benchmarks                         # the default sweep for this machine (CPU or GPU)
+    python -m benchmarks --quick                 # a few seconds: tiny sizes
+    python -m benchmarks --seed-config           # the seed documents' case: B=8 H=12 N=1024 D=64 fp16
+    python -m benchmarks --backends numpy-v2,naive-torch --n 256,512 --causal both --mode both
+    python -m benchmarks --list                  # what can run here, and why not the rest
+
+Every case (backend x dtype x mode x causal x N) becomes one row of the CSV/JSON; a case that runs
+out of memory, is not supported, would take too long or fails is recorded with its status and reason,
+and the sweep goes on. See benchmarks/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# Without a GPU, Triton kernels can only run under the interpreter, which must be switched on before
+# any @triton.jit kernel is imported (the same rule as tests/conftest.py).
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from flash_attention_py.common import attention_flops  # noqa: E402
+from flash_attention_py.inputs import make_inputs  # noqa: E402
+
+from . import measure, report  # noqa: E402
+from .targets import ALL_DTYPES, NAIVE, SDPA_KERNELS, build_targets, short_reason  # noqa: E402
+
+PRESETS = {
+    "cpu": dict(n="128..2048", B=1, H=4, D=64, repeats=5, max_call_s=2.0),
+    "cuda": dict(n="512..16384", B=4, H=16, D=64, repeats=10, max_call_s=1.0),
+    "quick": dict(n="64,128", B=1, H=2, D=32, repeats=3),
+    "seed": dict(n="1024", B=8, H=12, D=64),
+}
+DTYPE_PREFS = {
+    "cuda": ("float16", "bfloat16", "float32", "float64"),
+    "cpu": ("float32", "float64", "float16", "bfloat16"),
+}
+MODES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd+bwd",), "both": ("fwd", "bwd"),
+         "all": ("fwd", "bwd", "fwd+bwd")}
+CAUSAL = {"off": (False,), "on": (True,), "both": (False, True)}
+QUADRATIC_MEMORY = {NAIVE, "sdpa-math"}  # materialise the (Nq, Nk) score matrix
+
+
+# ------------------------------------------------------------------------------------ options
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def parse_sizes(text):
+    """'128,256,1000' -> [128, 256, 1000]; '512..4096' -> [512, 1024, 2048, 4096] (doubling)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ".." in part:
+            lo, hi = part.split("..", 1)
+            lo, hi = _positive_int(lo), _positive_int(hi)
+            if hi < lo:
+                raise argparse.ArgumentTypeError(f"range {part!r}: the end is below the start")
+            n = lo
+            while n <= hi:
+                out.append(n)
+                n *= 2
+        else:
+            out.append(_positive_int(part))
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected sizes like '128,256' or '512..16384', got {text!r}")
+    return out
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time every FlashAttention backend of the registry beside PyTorch's own kernels "
+                    "(naive softmax(QK^T)V and scaled_dot_product_attention per SDPA kernel). Writes a "
+                    "terminal table, results.csv, results.json and PNG plots.",
+        epilog="Examples: python -m benchmarks --quick | --seed-config | --backends numpy-v2,naive-torch --n 256,512 "
+               "--causal both --mode both. See benchmarks/README.md.")
+    p.add_argument("--backends", default="default",
+                   help="comma-separated backend names, or groups: 'default' (everything that runs here; "
+                        "on a CPU without the Triton interpreter), 'all', 'anchors' (naive-torch + sdpa-*), "
+                        "'sdpa'. --list shows the names (default: default)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="'auto' (the default): cuda when a GPU is visible, else cpu")
+    p.add_argument("--n", type=parse_sizes, default=None,
+                   help="sequence lengths (Nq = Nk): '128,256' or '512..16384' (doubling). "
+                        "Default: CPU 128..2048, GPU 512..16384")
+    p.add_argument("--nq", type=parse_sizes, default=None, help="query lengths (with --nk: zipped; one value broadcasts)")
+    p.add_argument("--nk", type=parse_sizes, default=None, help="key/value lengths")
+    p.add_argument("-b", "--batch", type=_positive_int, default=None, help="B (default: CPU 1, GPU 4)")
+    p.add_argument("--heads", type=_positive_int, default=None, help="H (default: CPU 4, GPU 16)")
+    p.add_argument("-d", "--head-dim", type=_positive_int, default=None, help="D (default: 64)")
+    p.add_argument("--dtype", default="auto",
+                   help="comma-separated float16,bfloat16,float32,float64, or 'auto': each backend in the first "
+                        "dtype it takes of (GPU) float16, bfloat16, float32 / (CPU) float32, float64, float16; the "
+                        "anchors in every dtype the others use (default: auto)")
+    p.add_argument("--causal", choices=tuple(CAUSAL), default="off", help="causal mask off (default), on, or both")
+    p.add_argument("--mode", choices=tuple(MODES), default="fwd",
+                   help="fwd, bwd (backward alone), fwd+bwd (one timed forward+backward), both (fwd and bwd rows), "
+                        "all (all three) (default: fwd)")
+    p.add_argument("--repeats", type=_positive_int, default=None,
+                   help="CPU: timed runs per case (median, min, max; default 5). GPU: runs of a slow case (do_bench "
+                        "times the fast ones itself)")
+    p.add_argument("--budget-s", type=_positive_float, default=1.0,
+                   help="CPU: stop repeating a case once this many seconds are spent (after 3 runs; default 1)")
+    p.add_argument("--max-call-s", type=_positive_float, default=None,
+                   help="skip a larger N of a backend when its time at the previous N predicts a call longer "
+                        "than this (default: CPU 2, GPU 1)")
+    p.add_argument("--threads", type=_non_negative_int, default=None,
+                   help="CPU threads of torch and of NumPy's BLAS; 0 leaves the libraries' own defaults "
+                        "(default on a CPU: 1, which keeps timings steady on a shared machine; on a GPU: 0)")
+    p.add_argument("--out", default=None, help="output folder (default bench_out/<device>-<UTC time>)")
+    p.add_argument("--seed-config", action="store_true",
+                   help="the seed documents' case: B=8 H=12 N=1024 D=64, float16 wherever a backend takes it")
+    p.add_argument("--quick", action="store_true", help="tiny sweep (N=64,128, B=1, H=2, D=32) for a smoke test")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="list the backends and whether they run here, then exit")
+    return p
+
+
+def resolve(args, parser, targets):
+    """Fill the defaults for this device and check the options; returns a config dict."""
+    device = args.device
+    if device == "auto":
+        device = "cuda" if _has_cuda() else "cpu"
+    elif device == "cuda" and not _has_cuda():
+        parser.error("--device cuda: there is no CUDA GPU here (torch.cuda.is_available() is False)")
+    preset = dict(PRESETS[device])
+    if args.quick and args.seed_config:
+        parser.error("--quick and --seed-config cannot be combined")
+    if args.quick:
+        preset.update(PRESETS["quick"])
+    if args.seed_config:
+        preset.update(PRESETS["seed"])
+    cfg = {"device": device}
+    cfg["B"] = args.batch or preset["B"]
+    cfg["H"] = args.heads or preset["H"]
+    cfg["D"] = args.head_dim or preset["D"]
+    cfg["repeats"] = args.repeats or preset["repeats"]
+    cfg["budget_s"] = args.budget_s
+    cfg["max_call_s"] = args.max_call_s or preset["max_call_s"]
+
+    # sequence lengths
+    if args.n is not None and (args.nq is not None or args.nk is not None):
+        parser.error("--n sets Nq = Nk; use either --n or --nq/--nk")
+    if args.nq is None and args.nk is None:
+        ns = args.n or parse_sizes(preset["n"])
+        pairs = [(n, n) for n in ns]
+    else:
+        default = parse_sizes(preset["n"])
+        nq = args.nq or (args.nk if args.nk is not None else default)
+        nk = args.nk or nq
+        if len(nq) == 1:
+            nq = nq * len(nk)
+        if len(nk) == 1:
+            nk = nk * len(nq)
+        if len(nq) != len(nk):
+            parser.error(f"--nq has {len(nq)} values and --nk has {len(nk)}: give the same number, or one of them a single value")
+        pairs = list(zip(nq, nk))
+    cfg["sizes"] = sorted(dict.fromkeys(pairs), key=lambda p: (p[0] * p[1], p))
+
+    # backends
+    by_name = {t.name: t for t in targets}
+    groups = {"all": list(by_name), "anchors": [n for n, t in by_name.items() if t.is_anchor],
+              "sdpa": [n for n in by_name if n in SDPA_KERNELS]}
+    chosen = []
+    for token in [s.strip() for s in args.backends.split(",") if s.strip()]:
+        if token == "default":
+            chosen += [t.name for t in targets if t.unavailable_reason(device) is None
+                       and not (device == "cpu" and t.slow_on_cpu)]
+        elif token in groups:
+            chosen += groups[token]
+        elif token in by_name:
+            chosen.append(token)
+        else:
+            parser.error(f"--backends: unknown backend {token!r}; expected names from "
+                         f"{', '.join(by_name)} or a group (default, all, anchors, sdpa)")
+    if not chosen:
+        parser.error("--backends: no backend selected")
+    cfg["backends"] = list(dict.fromkeys(chosen))
+
+    # dtypes, per backend
+    prefs = DTYPE_PREFS[device]
+    if args.seed_config:
+        prefs = ("float16",) + tuple(d for d in prefs if d != "float16")
+    text = args.dtype.strip()
+    per_backend = {}
+    if text == "auto":
+        for name in cfg["backends"]:
+            t = by_name[name]
+            if not t.is_anchor:
+                claimed = t.dtypes(device)
+                pick = next((d for d in prefs if d in claimed), prefs[0])
+                per_backend[name] = [pick]
+        used = [d for d in prefs if any(d in v for v in per_backend.values())] or [prefs[0]]
+        for name in cfg["backends"]:
+            if by_name[name].is_anchor:
+                claimed = by_name[name].dtypes(device)
+                per_backend[name] = [d for d in used if d in claimed] or used
+    else:
+        dtypes = [d.strip() for d in text.split(",") if d.strip()]
+        bad = [d for d in dtypes if d not in ALL_DTYPES]
+        if bad or not dtypes:
+            parser.error(f"--dtype: unknown dtype {', '.join(bad) or repr(text)}; expected 'auto' or a comma-separated "
+                         f"list of {', '.join(ALL_DTYPES)}")
+        per_backend = {name: list(dict.fromkeys(dtypes)) for name in cfg["backends"]}
+    cfg["dtypes"] = per_backend
+    cfg["dtype_option"] = text
+    cfg["modes"] = list(MODES[args.mode])
+    cfg["causal"] = list(CAUSAL[args.causal])
+    cfg["threads"] = args.threads if args.threads is not None else (1 if device == "cpu" else 0)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    cfg["out"] = args.out or os.path.join("bench_out", f"{device}-{stamp}")
+    return cfg
+
+
+# ------------------------------------------------------------------------------------ cases
+def make_cases(cfg, by_name):
+    """Every case, in the order of the tables: mode, causal, backend, dtype, then N ascending."""
+    cases = []
+    for mode in cfg["modes"]:
+        for causal in cfg["causal"]:
+            for name in cfg["backends"]:
+                for dtype in cfg["dtypes"][name]:
+                    for Nq, Nk in cfg["sizes"]:
+                        t = by_name[name]
+                        cases.append(dict(backend=name, rung=t.rung, device=cfg["device"], dtype=dtype, mode=mode,
+                                          causal=causal, B=cfg["B"], H=cfg["H"], Nq=Nq, Nk=Nk, D=cfg["D"]))
+    return cases
+
+
+def run_order(cases):
+    """Indices of ``cases`` in the order they are run: by mode, causal, N, dtype, then backend, so one set of
+    inputs serves every backend at that N and dtype (drawing 4 x B*H*N*D normals at N=16384 takes seconds),
+    while each backend still meets its N values in ascending order (for the predicted-time skip)."""
+    size_rank = {}
+    for c in cases:
+        size_rank.setdefault((c["Nq"], c["Nk"]), c["Nq"] * c["Nk"])
+    rank = {"mode": {}, "backend": {}}
+    for c in cases:
+        for field, seen in rank.items():
+            seen.setdefault(c[field], len(seen))
+    return sorted(range(len(cases)), key=lambda i: (
+        rank["mode"][cases[i]["mode"]], cases[i]["causal"], size_rank[(cases[i]["Nq"], cases[i]["Nk"])],
+        cases[i]["Nq"], cases[i]["dtype"], rank["backend"][cases[i]["backend"]]))
+
+
+class InputCache:
+    """make_inputs for the current (sizes, dtype): one draw per array kind, dropped when they change."""
+
+    def __init__(self):
+        self.key, self.store = None, {}
+
+    def get(self, case, kind):
+        key = tuple(case[k] for k in ("device", "dtype", "B", "H", "Nq", "Nk", "D"))
+        if key != self.key:
+            self.clear()
+            self.key = key
+        if kind not in self.store:
+            B, H, Nq, Nk, D = (case[k] for k in ("B", "H", "Nq", "Nk", "D"))
+            self.store[kind] = make_inputs(B, H, Nq, Nk, D, dtype=case["dtype"], kind=kind, device=case["device"])
+        return self.store[kind]
+
+    def clear(self):
+        self.key, self.store = None, {}
+
+
+def _is_oom(exc) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+    except Exception:
+        pass
+    # CuPy's OutOfMemoryError subclasses MemoryError; some allocators only say it in words
+    return "out of memory" in str(exc).lower()
+
+
+def _itemsize(dtype):
+    return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}[dtype]
+
+
+def _cleanup(device, failed):
+    if failed:  # an exception's traceback may have kept big arrays alive in reference cycles
+        gc.collect()
+    if device == "cuda":
+        try:
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+
+def run_case(case, target, cfg, history, inputs=None):
+    """Measure one case; returns the row (a dict). Never raises for a backend's failure."""
+    row = dict(case)
+    row.update(status="ok", reason="", time_ms=math.nan, time_lo_ms=math.nan, time_hi_ms=math.nan,
+               spread_pct=math.nan, n_runs=None, timer="", gflop=math.nan, tflops=math.nan,
+               mem_peak_mb=math.nan, mem_extra_mb=math.nan, mem_method="", speedup_vs_naive=math.nan)
+    device, dtype, mode = case["device"], case["dtype"], case["mode"]
+    B, H, Nq, Nk, D = (case[k] for k in ("B", "H", "Nq", "Nk", "D"))
+    flops = attention_flops(B, H, Nq, Nk, D, causal=case["causal"], mode=mode)
+    row["gflop"] = flops / 1e9
+
+    reason = target.unavailable_reason(device) or target.case_reason(device, dtype, D, mode)
+    if reason:
+        row.update(status="unsupported", reason=reason)
+        return row
+    group = (case["backend"], dtype, mode, case["causal"])
+    prev = history.get(group)
+    if prev is not None:
+        work0, sec0, n0 = prev
+        predicted = sec0 * (Nq * Nk) / work0
+        if predicted > cfg["max_call_s"]:
+            row.update(status="skipped", reason=(
+                f"predicted {predicted:.1f} s per call from {sec0:.2f} s at N={n0} (> --max-call-s {cfg['max_call_s']:g})"))
+            return row
+    # A host allocation that does not fit may bring in the OOM killer rather than a MemoryError. make_inputs
+    # draws q, k, v, dO on the host in float64 (then casts, and copies to the GPU); on the CPU, naive-style
+    # backends add the (Nq, Nk) score matrices.
+    need = 4 * B * H * max(Nq, Nk) * D * (8 + _itemsize(dtype))
+    quadratic = device == "cpu" and case["backend"] in QUADRATIC_MEMORY
+    if quadratic:
+        need += B * H * Nq * Nk * max(4, _itemsize(dtype)) * (6 if mode != "fwd" else 3)
+    avail = measure.available_memory_bytes()
+    if avail is not None and need > avail / 2:
+        row.update(status="oom", reason=(
+            f"not run: estimated {need / 2**30:.1f} GiB of host memory (inputs"
+            f"{' and (Nq, Nk) score matrices' if quadratic else ''}), more than half of the "
+            f"{avail / 2**30:.1f} GiB available (the OOM killer could end the sweep)"))
+        return row
+
+    x = fn = out = None
+    try:
+        if inputs is None:
+            x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind=target.array, device=device)
+        else:
+            x = inputs.get(case, target.array)
+        with target.context():
+            fn = target.prepare(x, case["causal"], mode)
+            out = fn()  # warm-up (and compilation for JIT backends)
+            if measure.has_nan(out):
+                row.update(status="error", reason="the output holds NaN")
+                return row
+            del out
+            out = None
+            peak, extra, method = measure.peak_memory(fn, device=device, array=target.array)
+            row.update(mem_peak_mb=peak / 2**20, mem_extra_mb=extra / 2**20, mem_method=method)
+            if device == "cuda":
+                med, lo, hi, n, timer = measure.time_gpu(fn, repeats=cfg["repeats"])
+            else:
+                med, lo, hi, n, timer = measure.time_cpu(fn, repeats=cfg["repeats"], budget_s=cfg["budget_s"])
+        row.update(time_ms=med, time_lo_ms=lo, time_hi_ms=hi, n_runs=n, timer=timer,
+                   spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
+                   tflops=flops / (med * 1e-3) / 1e12 if med > 0 else math.nan)
+        history[group] = (Nq * Nk, med * 1e-3, Nk if Nq == Nk else f"{Nq}x{Nk}")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, and the sweep goes on
+        if _is_oom(exc):
+            row.update(status="oom", reason=short_reason(exc))
+        elif isinstance(exc, (ImportError, NotImplementedError, TypeError, ValueError)):
+            row.update(status="unsupported", reason=short_reason(exc))
+        else:
+            row.update(status="error", reason=short_reason(exc))
+    finally:
+        del x, fn, out
+        _cleanup(device, row["status"] != "ok")
+    return row
+
+
+def add_speedups(rows):
+    """speedup_vs_naive = naive-torch's median time / this row's, same device/dtype/mode/causal/sizes."""
+    key = lambda r: (r["device"], r["dtype"], r["mode"], r["causal"], r["B"], r["H"], r["Nq"], r["Nk"], r["D"])  # noqa: E731
+    naive = {key(r): r["time_ms"] for r in rows if r["backend"] == NAIVE and r["status"] == "ok"}
+    for r in rows:
+        t0 = naive.get(key(r))
+        if r["status"] == "ok" and t0 is not None and r["time_ms"] > 0:
+            r["speedup_vs_naive"] = t0 / r["time_ms"]
+
+
+# ------------------------------------------------------------------------------------ main
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    targets = build_targets()
+    by_name = {t.name: t for t in targets}
+    if args.list:
+        device = "cuda" if (args.device == "cuda" or (args.device == "auto" and _has_cuda())) else "cpu"
+        for t in targets:
+            why = t.unavailable_reason(device)
+            note = " (excluded from the CPU default: slow under the interpreter)" if device == "cpu" and t.slow_on_cpu and not why else ""
+            print(f"{t.name:<15} {t.rung:<7} {'runs here' + note if why is None else 'unavailable: ' + why}")
+        return 0
+    cfg = resolve(args, parser, targets)
+    saved = measure.thread_info()
+    if cfg["threads"]:
+        measure.set_threads(cfg["threads"])
+    try:
+        return _run(cfg, args, argv, targets, by_name)
+    finally:  # main() may run inside another program (the tests): give it its thread counts back
+        if cfg["threads"]:
+            measure.restore_threads(saved)
+
+
+def _run(cfg, args, argv, targets, by_name):
+    t_start = time.perf_counter()
+    cases = make_cases(cfg, by_name)
+    os.makedirs(cfg["out"], exist_ok=True)
+
+    availability = []
+    for t in targets:
+        why = t.unavailable_reason(cfg["device"])
+        note = ("left out of the CPU default: slow under the Triton interpreter (name it in --backends to run it)"
+                if cfg["device"] == "cpu" and t.slow_on_cpu and why is None and t.name not in cfg["backends"] else "")
+        availability.append(dict(name=t.name, rung=t.rung, description=t.description, available=why is None,
+                                 reason=why or "", selected=t.name in cfg["backends"], note=note))
+    missing = [a for a in availability if not a["available"]]
+    print(f"benchmark on {cfg['device']}: {len(cases)} cases, B={cfg['B']} H={cfg['H']} D={cfg['D']}, "
+          f"backends {', '.join(cfg['backends'])}; output in {cfg['out']}", file=sys.stderr)
+    for a in missing:
+        print(f"  unavailable here: {a['name']}: {a['reason']}", file=sys.stderr)
+
+    matmul_peak = {}
+    if cfg["device"] == "cuda":
+        used = sorted({d for v in cfg["dtypes"].values() for d in v})
+        for d in used:
+            try:
+                matmul_peak[d] = measure.matmul_peak_tflops(d)
+                if d == "float32":
+                    matmul_peak["float32 (tf32)"] = measure.matmul_peak_tflops(d, tf32=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"  matmul peak in {d} not measured: {short_reason(exc)}", file=sys.stderr)
+
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # no progress bar, but the run goes on
+        tqdm = None
+    rows, history, inputs = [None] * len(cases), {}, InputCache()
+    # each finished case is appended here at once, so a run that is killed (a time limit) keeps what it measured;
+    # python -m benchmarks.replot FOLDER builds the files from it
+    partial = open(os.path.join(cfg["out"], report.PARTIAL), "w")
+    bar = tqdm(total=len(cases), unit="case", desc="benchmark", file=sys.stderr, dynamic_ncols=True,
+               disable=args.no_progress) if tqdm else None
+    for i in run_order(cases):
+        case = cases[i]
+        label = f"{case['backend']} {case['dtype']} {case['mode']}{' causal' if case['causal'] else ''} Nq={case['Nq']} Nk={case['Nk']}"
+        if bar is not None:
+            bar.set_postfix_str(label, refresh=True)
+        rows[i] = run_case(case, by_name[case["backend"]], cfg, history, inputs)
+        partial.write(json.dumps(report.clean({k: rows[i].get(k) for k in report.COLUMNS}), allow_nan=False) + "\n")
+        partial.flush()
+        if bar is not None:
+            bar.update(1)
+    inputs.clear()
+    partial.close()
+    if bar is not None:
+        bar.close()
+    add_speedups(rows)
+    wall = time.perf_counter() - t_start
+
+    meta = report.environment(cfg["device"], argv if argv is not None else sys.argv[1:])
+    meta["wall_s"] = wall
+    meta.update(measure.thread_info())
+    config = {k: v for k, v in cfg.items() if k != "sizes"}
+    config["sizes"] = [list(p) for p in cfg["sizes"]]
+    table = report.text_table(rows, cfg)
+    print(table)
+    paths = report.write_all(cfg["out"], rows, meta=meta, config=config, backends=availability,
+                             matmul_peak=matmul_peak, table=table,
+                             plots=not args.no_plots)
+    print(f"wall time {wall:.1f} s; wrote {', '.join(os.path.basename(p) for p in paths)} to {cfg['out']}")
+    return 0

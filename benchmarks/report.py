@@ -1,0 +1,328 @@
+"""What a benchmark run writes into its output folder:
+
+    cases.jsonl    each case's row, appended as soon as it is measured (kept if the run is cut short)
+    results.csv    one row per case (COLUMNS below)
+    results.json   {"meta": environment and command, "config", "backends": what runs here and why not the rest,
+                    "matmul_peak_tflops", "columns", "results": the same rows}
+    table.txt      the terminal table
+    report.md      environment, command, matmul peak, the table and the plots, ready for docs/
+    tflops.png, memory.png, speedup.png
+
+``python -m benchmarks.replot FOLDER`` rebuilds everything but the CSV and JSON from results.json.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+COLUMNS = [
+    "backend", "rung", "device", "dtype", "mode", "causal", "B", "H", "Nq", "Nk", "D",
+    "status", "reason", "time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "n_runs", "timer",
+    "gflop", "tflops", "mem_peak_mb", "mem_extra_mb", "mem_method", "speedup_vs_naive",
+]
+PLOTS = ("tflops.png", "memory.png", "speedup.png")
+PARTIAL = "cases.jsonl"  # one JSON row per finished case, written as the run goes
+
+
+# ------------------------------------------------------------------------------------ environment
+def _version(module):
+    try:
+        mod = __import__(module)
+        return getattr(mod, "__version__", "unknown")
+    except Exception as exc:  # noqa: BLE001
+        return f"not importable ({type(exc).__name__})"
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device, argv):
+    """Versions, hardware and the command line, for results.json."""
+    env = {
+        "command": "python -m benchmarks " + " ".join(shlex.quote(a) for a in argv),
+        "argv": list(argv),
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "numpy": _version("numpy"),
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "cupy": _version("cupy"),
+        "device": device,
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", ""),
+    }
+    try:
+        import torch
+
+        env["torch_threads"] = torch.get_num_threads()
+        env["torch_cuda"] = torch.version.cuda
+        if device == "cuda":
+            props = torch.cuda.get_device_properties(0)
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+            env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+            env["gpu_count"] = torch.cuda.device_count()
+    except Exception as exc:  # noqa: BLE001
+        env["torch_error"] = str(exc)
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                           timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        env["git_dirty"] = bool(dirty)
+    except Exception:  # noqa: BLE001
+        pass
+    return env
+
+
+# ------------------------------------------------------------------------------------ tables
+def _num(x, fmt):
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def _size(r):
+    return str(r["Nk"]) if r["Nq"] == r["Nk"] else f"{r['Nq']}x{r['Nk']}"
+
+
+def _table_rows(rows):
+    """(header, lines, notes): the non-ok reasons become numbered notes under the table."""
+    notes = {}
+    header = ["backend", "dtype", "mode", "causal", "N", "time ms", "spread %", "TFLOP/s", "mem MB", "x naive", "status"]
+    lines = []
+    for r in rows:
+        status = r["status"]
+        if status != "ok":
+            idx = notes.setdefault(r["reason"], len(notes) + 1)
+            status = f"{status} [{idx}]"
+        lines.append([r["backend"], r["dtype"], r["mode"], "yes" if r["causal"] else "no", _size(r),
+                      _num(r["time_ms"], ".3g"), _num(r["spread_pct"], ".0f"), _num(r["tflops"], ".3g"),
+                      _num(r["mem_extra_mb"], ".3g"), _num(r["speedup_vs_naive"], ".2f"), status])
+    return header, lines, notes
+
+
+def _title(cfg):
+    threads = f" threads={cfg['threads']}" if cfg.get("device") == "cpu" and cfg.get("threads") else ""
+    return (f"device={cfg['device']}{threads} B={cfg['B']} H={cfg['H']} D={cfg['D']} "
+            f"(time: median; spread: (max-min)/median on CPU, (p80-p20)/median on GPU; mem: peak above the "
+            f"inputs; x naive: naive-torch time / this time)")
+
+
+def text_table(rows, cfg):
+    header, lines, notes = _table_rows(rows)
+    right = {5, 6, 7, 8, 9}
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [_title(cfg), fmt(header), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines]
+    for reason, idx in notes.items():
+        out.append(f"[{idx}] {reason}")
+    return "\n".join(out)
+
+
+def markdown_table(rows, cfg):
+    header, lines, notes = _table_rows(rows)
+    out = [_title(cfg), "", "| " + " | ".join(header) + " |",
+           "|" + "|".join("---:" if i in {5, 6, 7, 8, 9} else "---" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(l) + " |" for l in lines]
+    if notes:
+        out.append("")
+        out += [f"{idx}. {reason.replace('|', '/')}" for reason, idx in notes.items()]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------ files
+def clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    return x
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if clean(r.get(k)) is None else r.get(k)) for k in COLUMNS})
+
+
+def report_markdown(rows, *, meta, config, matmul_peak, plots=True):
+    """report.md: what ran where, how to rerun it, the table and the plots."""
+    if meta.get("partial"):
+        lines = [f"# Benchmark on {config.get('device')} (cut short)", "",
+                 "The run did not finish; these are the cases it measured, rebuilt from cases.jsonl "
+                 "(no environment record, no matmul peak).", "", markdown_table(rows, config)]
+        return "\n".join(lines)
+    lines = [f"# Benchmark on {meta.get('gpu') or 'CPU: ' + str(meta.get('cpu_model') or meta.get('processor'))}", ""]
+    hw = meta.get("gpu")
+    if hw:
+        hw += f" ({meta.get('gpu_memory_gib', '?')} GiB, compute capability {meta.get('gpu_capability', '?')})"
+    else:
+        hw = f"CPU ({meta.get('cpu_count')} cores visible; torch threads {meta.get('torch_threads')}, " \
+             f"NumPy BLAS threads {meta.get('numpy_blas_threads', '?')})"
+    lines += [
+        f"- hardware: {hw}",
+        f"- software: Python {meta.get('python')}, torch {meta.get('torch')} (CUDA {meta.get('torch_cuda')}), "
+        f"triton {meta.get('triton')}, cupy {meta.get('cupy')}, numpy {meta.get('numpy')}; {meta.get('platform')}",
+        f"- command: `{meta.get('command')}`",
+        f"- date: {meta.get('utc')}; git commit {meta.get('git_commit', '?')}{' (with local changes)' if meta.get('git_dirty') else ''}; "
+        f"wall time {meta.get('wall_s', float('nan')):.1f} s",
+    ]
+    if meta.get("TRITON_INTERPRET") == "1" and config.get("device") == "cpu":
+        lines.append("- Triton runs under its interpreter here (TRITON_INTERPRET=1)")
+    if matmul_peak:
+        lines.append("- measured dense matmul peak (8192^3, torch.matmul): " +
+                     ", ".join(f"{d} {v:.0f} TFLOP/s" for d, v in matmul_peak.items() if v))
+    lines += ["", markdown_table(rows, config)]
+    if plots:
+        lines += ["", "![TFLOP/s](tflops.png)", "", "![peak memory](memory.png)", "", "![speed-up](speedup.png)", ""]
+    return "\n".join(lines)
+
+
+def write_all(out, rows, *, meta, config, backends, matmul_peak, table, plots=True):
+    """Write every file of a run into ``out``; returns their paths."""
+    paths = []
+    p = os.path.join(out, "results.csv")
+    write_csv(p, rows)
+    paths.append(p)
+    p = os.path.join(out, "results.json")
+    doc = {"meta": meta, "config": config, "backends": backends, "matmul_peak_tflops": matmul_peak,
+           "columns": COLUMNS, "results": [{k: r.get(k) for k in COLUMNS} for r in rows]}
+    with open(p, "w") as f:
+        json.dump(clean(doc), f, indent=1, allow_nan=False)
+    paths.append(p)
+    return paths + write_views(out, rows, meta=meta, config=config, matmul_peak=matmul_peak, table=table, plots=plots)
+
+
+def write_views(out, rows, *, meta, config, matmul_peak, table, plots=True):
+    """table.txt, report.md and the PNGs (plots are skipped, with a note, where matplotlib is missing)."""
+    paths = []
+    if plots:
+        try:
+            paths += write_plots(out, rows, matmul_peak, config)
+        except ImportError as exc:
+            print(f"plots skipped: {exc} (rebuild them elsewhere with python -m benchmarks.replot {out})", file=sys.stderr)
+            plots = False
+    md = report_markdown(rows, meta=meta, config=config, matmul_peak=matmul_peak, plots=plots)
+    for name, text in (("table.txt", table + "\n"), ("report.md", md)):
+        p = os.path.join(out, name)
+        with open(p, "w") as f:
+            f.write(text)
+        paths.append(p)
+    return paths
+
+
+# ------------------------------------------------------------------------------------ plots
+def _series(rows, metric):
+    """{(mode, causal): {(backend, dtype): [(x, y), ...]}} over rows with status ok and finite metric."""
+    groups = {}
+    for r in rows:
+        y = r.get(metric)
+        if r["status"] != "ok" or y is None or not math.isfinite(y) or y <= 0:
+            continue
+        g = groups.setdefault((r["mode"], r["causal"]), {})
+        g.setdefault((r["backend"], r["dtype"]), []).append((r["Nk"], y, r["rung"]))
+    return groups
+
+
+def write_plots(out, rows, matmul_peak, config):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    panels = sorted({(r["mode"], r["causal"]) for r in rows}, key=lambda p: (p[0], p[1]))
+    dtypes = sorted({r["dtype"] for r in rows})
+    nq_varies = any(r["Nq"] != r["Nk"] for r in rows)
+    xlabel = "Nk (key length)" if nq_varies else "N (sequence length, Nq = Nk)"
+    sub = f"{config['device']}, B={config['B']} H={config['H']} D={config['D']}"
+    specs = [
+        ("tflops.png", "tflops", "TFLOP/s", "throughput (FLOPs = 4·B·H·Nq·Nk·D, x0.5 causal, x2.5 bwd)", False),
+        ("memory.png", "mem_extra_mb", "peak memory above the inputs (MiB)", "peak memory", True),
+        ("speedup.png", "speedup_vs_naive", "speed-up over naive-torch (x)", "speed-up over naive softmax(QK^T)V", False),
+    ]
+    names = sorted({r["backend"] for r in rows})
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colors = {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+    markers = ("o", "s", "^", "D")
+    paths = []
+    for fname, metric, ylabel, title, loglog in specs:
+        series = _series(rows, metric)
+        n = max(1, len(panels))
+        fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
+        for ax, panel in zip(axes[0], panels or [("fwd", False)]):
+            data = series.get(panel, {})
+            all_x = set()
+            for (backend, dtype), pts in sorted(data.items()):
+                pts.sort()
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                anchor = pts[0][2] == "anchor"
+                label = backend if len(dtypes) == 1 else f"{backend} ({dtype})"
+                ax.plot(xs, ys, marker=markers[dtypes.index(dtype) % len(markers)], ms=4, lw=1.5,
+                        ls="--" if anchor else "-", color=colors[backend], label=label)
+                all_x.update(xs)
+            if metric == "tflops":
+                for d, peak in matmul_peak.items():
+                    if peak and math.isfinite(peak):
+                        ax.axhline(peak, color="k", ls=":", lw=1)
+                        ax.annotate(f"matmul peak {d}: {peak:.0f}", xy=(0.01, peak), xycoords=("axes fraction", "data"),
+                                    va="bottom", fontsize=7)
+            if metric == "speedup_vs_naive":
+                ax.axhline(1.0, color="grey", ls=":", lw=1)
+            if loglog and data:
+                # guide lines through the smallest point of all series: slope 1 (O(N)) and slope 2 (O(N^2))
+                allpts = [p for pts in data.values() for p in pts]
+                x0 = min(p[0] for p in allpts)
+                x1 = max(p[0] for p in allpts)
+                y0 = min(p[1] for p in allpts if p[0] == x0)
+                if x1 > x0:
+                    ax.plot([x0, x1], [y0, y0 * x1 / x0], color="grey", ls=":", lw=1, label="∝ N (guide)")
+                    ax.plot([x0, x1], [y0, y0 * (x1 / x0) ** 2], color="grey", ls="-.", lw=1, label="∝ N² (guide)")
+            ax.set_xscale("log", base=2)
+            if all_x:
+                ticks = sorted(all_x)
+                ax.set_xticks(ticks)
+                ax.set_xticklabels([str(t) for t in ticks], fontsize=7)
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            if loglog:
+                ax.set_yscale("log")
+            mode, causal = panel
+            ax.set_title(f"{title}\n{mode}, {'causal' if causal else 'non-causal'}; {sub}", fontsize=9)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            if data:
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "no successful case", transform=ax.transAxes, ha="center", va="center")
+        fig.tight_layout()
+        p = os.path.join(out, fname)
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths

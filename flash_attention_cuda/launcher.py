@@ -1,0 +1,389 @@
+"""Compile, cache and launch the CUDA kernels of ``kernels/*.cu`` through CuPy.
+
+* Sources: ``kernels/{naive,tiled,mma,backward}.cu`` plus ``kernels/common.cuh`` (inlined here, so the
+  compiled-module cache keys on the full text). They include no host header: NVRTC compiles them at
+  run time, ``nvcc -cubin`` in the tests.
+* Templates: each launch names one instantiation (``"mma_fwd<128, 64, 4, false>"``) through
+  ``cupy.RawModule(name_expressions=...)``; the compiled kernel is cached per (source, name, device).
+* Zero copy: torch tensors reach CuPy through DLPack (``cupy.from_dlpack``); fp16/bf16 travel as
+  int16 views (CuPy has no bfloat16), which is the same memory.
+* Streams: kernels run on torch's current stream (``cupy.cuda.ExternalStream``), or on CuPy's current
+  stream for CuPy inputs.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from flash_attention_py.validation import (array_kind, check_flag, check_qkv, device_of, dtype_name,
+                                           resolve_softmax_scale)
+
+__all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "KERNELS", "RUNGS", "supported_text", "MMA_CONFIGS"]
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "backward.cu")
+
+FN = "flash_attn_cuda"
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    source: str
+    dtypes: tuple
+    head_dims: Optional[tuple]  # the only D it takes, or None: any D up to max_head_dim
+    max_head_dim: int
+    description: str
+
+    def supports(self, dtype: str, D: int) -> bool:
+        if dtype not in self.dtypes:
+            return False
+        if self.head_dims is not None:
+            return D in self.head_dims
+        return 1 <= D <= self.max_head_dim
+
+    def text(self) -> str:
+        dims = f"D in {{{', '.join(map(str, self.head_dims))}}}" if self.head_dims else f"D <= {self.max_head_dim}"
+        return f"{self.name}: {'/'.join(self.dtypes)}, {dims}"
+
+
+RUNGS = {
+    "naive": Rung("naive", "naive.cu", ("float32",), None, 128,
+                  "one thread per query row, K/V tiles in shared memory, online softmax"),
+    "tiled": Rung("tiled", "tiled.cu", ("float32",), None, 128,
+                  "block-cooperative tiles, warp-shuffle row max/sum, float4 loads (the four device functions)"),
+    "mma": Rung("mma", "mma.cu", ("float16", "bfloat16"), (64, 128), 128,
+                "tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffering, swizzled shared memory"),
+}
+KERNELS = tuple(RUNGS)  # ('naive', 'tiled', 'mma'); kernel='auto' picks mma for fp16/bf16, else tiled
+BACKWARD_MAX_HEAD_DIM = 128
+
+# mma: (BC keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
+# A block holds Br = 16 * tiles * warps query rows.
+MMA_CONFIGS = {64: (64, 4, 2), 128: (32, 4, 2)}
+
+
+def supported_text() -> str:
+    return "; ".join(r.text() for r in RUNGS.values())
+
+
+def _pad_dim(D: int) -> int:
+    for p in (32, 64, 128):
+        if D <= p:
+            return p
+    raise AssertionError(D)
+
+
+# ------------------------------------------------------------------------------------ compilation
+_LOCK = threading.Lock()
+_KERNEL_CACHE: dict = {}  # (source, name expression, device id) -> cupy.RawKernel
+
+
+def read_source(source: str) -> str:
+    """The .cu text with ``#include "common.cuh"`` inlined (what NVRTC compiles)."""
+    with open(os.path.join(KERNEL_DIR, source)) as f:
+        text = f.read()
+    with open(os.path.join(KERNEL_DIR, "common.cuh")) as f:
+        common = f.read()
+    return text.replace('#include "common.cuh"', common)
+
+
+def get_kernel(source: str, name: str, device_id: int):
+    """The compiled kernel ``name`` (a template instantiation such as ``tiled_fwd<64, 8>``), cached."""
+    import cupy
+
+    key = (source, name, device_id)
+    kern = _KERNEL_CACHE.get(key)
+    if kern is None:
+        with _LOCK:
+            kern = _KERNEL_CACHE.get(key)
+            if kern is None:
+                with cupy.cuda.Device(device_id):
+                    module = cupy.RawModule(code=read_source(source), options=("--std=c++17",),
+                                            name_expressions=[name])
+                    kern = module.get_function(name)
+                _KERNEL_CACHE[key] = kern
+    return kern
+
+
+# ------------------------------------------------------------------------------------ array plumbing
+_STREAMS: dict = {}  # (torch stream pointer, device) -> cupy.cuda.ExternalStream
+
+
+class _Ctx:
+    """Device, stream and DLPack conversion for one call (torch or CuPy arrays)."""
+
+    def __init__(self, x):
+        import cupy
+
+        self.kind = array_kind(x)
+        if self.kind == "torch":
+            import torch
+
+            self.device_id = x.device.index if x.device.index is not None else torch.cuda.current_device()
+            ptr = torch.cuda.current_stream(x.device).cuda_stream
+            self.stream = _STREAMS.get((ptr, self.device_id))
+            if self.stream is None:
+                self.stream = _STREAMS[(ptr, self.device_id)] = cupy.cuda.ExternalStream(ptr, self.device_id)
+        else:
+            self.device_id = x.device.id
+            self.stream = None
+
+    def run(self, kern, grid, block, args, shared_mem=0):
+        import cupy
+
+        with cupy.cuda.Device(self.device_id):
+            if self.stream is not None:
+                with self.stream:
+                    kern(grid, block, args, shared_mem=shared_mem)
+            else:
+                kern(grid, block, args, shared_mem=shared_mem)
+
+
+def _as_cupy(x):
+    """Zero-copy CuPy view of a contiguous torch tensor or CuPy array (16-bit floats as int16)."""
+    import cupy
+
+    if array_kind(x) == "torch":
+        import torch
+
+        x = x.detach()  # same memory; DLPack refuses tensors that require grad
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.view(torch.int16)
+        return cupy.from_dlpack(x)
+    if x.dtype == cupy.float16:
+        return x.view(cupy.int16)
+    return x
+
+
+def _contig(x):
+    if array_kind(x) == "torch":
+        return x.contiguous()
+    import cupy
+
+    return cupy.ascontiguousarray(x)
+
+
+def _empty(like, shape, dtype_name_: str):
+    if array_kind(like) == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype_name_), device=like.device)
+    import cupy
+
+    return cupy.empty(shape, dtype=dtype_name_)
+
+
+def _i32(v):
+    import numpy as np
+
+    return np.int32(v)
+
+
+def _f32(v):
+    import numpy as np
+
+    return np.float32(v)
+
+
+# ------------------------------------------------------------------------------------ checks
+def _check_inputs(q, k, v, kernel, fn=FN):
+    """check_qkv, then the kernel name, then the (kernel, dtype, D) combination, then the device."""
+    dims = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"))
+    if not isinstance(kernel, str):
+        raise TypeError(f"{fn}: kernel must be a str, got {type(kernel).__name__} {kernel!r}")
+    if kernel != "auto" and kernel not in RUNGS:
+        raise ValueError(f"{fn}: unknown kernel {kernel!r}; expected 'auto' or one of {', '.join(KERNELS)}")
+    dt = dtype_name(q)
+    if kernel == "auto":
+        kernel = "mma" if (dt in ("float16", "bfloat16") and dims.D in RUNGS["mma"].head_dims) else "tiled"
+        if not RUNGS[kernel].supports(dt, dims.D):
+            raise ValueError(f"{fn}: no kernel takes dtype {dt} with head dim D = {dims.D}; "
+                             f"supported: {supported_text()}")
+    if not RUNGS[kernel].supports(dt, dims.D):
+        raise ValueError(
+            f"{fn}: kernel {kernel!r} does not support dtype {dt} with head dim D = {dims.D}; "
+            f"it supports {RUNGS[kernel].text()} (all kernels: {supported_text()})"
+        )
+    dev = device_of(q)
+    if not dev.startswith("cuda"):
+        raise ValueError(f"{fn}: q, k and v must be on a CUDA device, got {dev}; move them with .cuda()")
+    return dims, kernel
+
+
+# ------------------------------------------------------------------------------------ forward
+def _forward(q, k, v, causal: bool, scale: float, kernel: str, dims):
+    """Launch one forward kernel; q, k, v contiguous. Returns (o in q's dtype, lse float32)."""
+    B, H, Nq, Nk, D = dims
+    ctx = _Ctx(q)
+    o = _empty(q, (B, H, Nq, D), dtype_name(q))
+    lse = _empty(q, (B, H, Nq), "float32")
+    cq, ck, cv, co, clse = (_as_cupy(x) for x in (q, k, v, o, lse))
+    if kernel == "naive":
+        dp, bc, br = _pad_dim(D), 32, 64
+        kern = get_kernel("naive.cu", f"naive_fwd<{dp}, {bc}, {br}>", ctx.device_id)
+        ctx.run(kern, ((Nq + br - 1) // br, B * H), (br,),
+                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal))))
+    elif kernel == "tiled":
+        dp = _pad_dim(D)
+        rows = 4 if dp == 128 else 8
+        br = 4 * rows
+        vec4 = D % 4 == 0 and all(int(x.data.ptr) % 16 == 0 for x in (cq, ck, cv))
+        kern = get_kernel("tiled.cu", f"tiled_fwd<{dp}, {rows}>", ctx.device_id)
+        ctx.run(kern, ((Nq + br - 1) // br, B * H), (128,),
+                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal)),
+                 _i32(int(vec4))))
+    elif kernel == "mma":
+        bc, nw, mt = MMA_CONFIGS[D]
+        br = 16 * mt * nw
+        bf16 = "true" if dtype_name(q) == "bfloat16" else "false"
+        kern = get_kernel("mma.cu", f"mma_fwd<{D}, {bc}, {nw}, {mt}, {bf16}>", ctx.device_id)
+        smem = (br + 4 * bc) * D * 2  # Q tile + 2 x (K tile + V tile), 16-bit elements
+        if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
+            kern.max_dynamic_shared_size_bytes = smem
+        # scores are taken in log2 units; a negative scale is applied as |scale| on -q
+        scale2 = max(abs(scale) * math.log2(math.e), 1e-30)
+        ctx.run(kern, ((Nq + br - 1) // br, B * H), (32 * nw,),
+                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _f32(scale2), _i32(int(causal)),
+                 _i32(int(scale < 0))), shared_mem=smem)
+    else:  # pragma: no cover - checked before
+        raise AssertionError(kernel)
+    return o, lse
+
+
+def seed_nomax_forward(q, k, v, *, softmax_scale=None):
+    """The seed lab kernel's arithmetic (sum of exp(s), no running max), non-causal, fp32.
+
+    For the test that shows why the running max matters: with scores past ~88.7 it gives inf/NaN.
+    """
+    fn = "seed_nomax_forward"
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"), dtypes=("float32",))
+    if D > 128:
+        raise ValueError(f"{fn}: D must be <= 128, got {D}")
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    q, k, v = (_contig(x) for x in (q, k, v))
+    ctx = _Ctx(q)
+    o = _empty(q, (B, H, Nq, D), "float32")
+    dp = _pad_dim(D)
+    kern = get_kernel("naive.cu", f"seed_nomax_fwd<{dp}, 32, 64>", ctx.device_id)
+    ctx.run(kern, ((Nq + 63) // 64, B * H), (64,),
+            tuple(_as_cupy(x) for x in (q, k, v, o)) + (_i32(Nq), _i32(Nk), _i32(D), _f32(scale)))
+    return o
+
+
+# ------------------------------------------------------------------------------------ backward
+def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale=None):
+    """dQ, dK, dV of ``O = softmax(q k^T * scale) v`` by the tiled recompute kernels (fp32).
+
+    q (B, H, Nq, D), k and v (B, H, Nk, D), o and do (B, H, Nq, D), lse (B, H, Nq) float32 natural log
+    (the forward's). fp16/bf16 inputs are upcast to fp32; the gradients come back in q's dtype.
+    """
+    fn = "flash_attn_cuda_backward"
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"))
+    if D > BACKWARD_MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: the backward kernels take D <= {BACKWARD_MAX_HEAD_DIM}, got D = {D}")
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    out_dtype = dtype_name(q)
+
+    def f32(x):
+        if array_kind(x) == "torch":
+            import torch
+
+            return x.to(torch.float32).contiguous()
+        import cupy
+
+        return cupy.ascontiguousarray(x, dtype=cupy.float32)
+
+    q, k, v, o, do, lse = (f32(x) for x in (q, k, v, o, do, lse))
+    ctx = _Ctx(q)
+    dq = _empty(q, (B, H, Nq, D), "float32")
+    dk = _empty(q, (B, H, Nk, D), "float32")
+    dv = _empty(q, (B, H, Nk, D), "float32")
+    delta = _empty(q, (B, H, Nq), "float32")
+    cq, ck, cv, co, cdo, clse, cdq, cdk, cdv, cdelta = (_as_cupy(x) for x in (q, k, v, o, do, lse, dq, dk, dv, delta))
+    rows = B * H * Nq
+    pre = get_kernel("backward.cu", "bwd_preprocess", ctx.device_id)
+    ctx.run(pre, ((rows + 3) // 4,), (128,), (co, cdo, cdelta, __import__("numpy").int64(rows), _i32(D)))
+    dp = _pad_dim(D)
+    bt = 16 if dp == 128 else 32
+    kdkdv = get_kernel("backward.cu", f"bwd_dkdv<{dp}, {bt}>", ctx.device_id)
+    ctx.run(kdkdv, ((Nk + bt - 1) // bt, B * H), (128,),
+            (cq, ck, cv, cdo, clse, cdelta, cdk, cdv, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal))))
+    kdq = get_kernel("backward.cu", f"bwd_dq<{dp}, {bt}>", ctx.device_id)
+    ctx.run(kdq, ((Nq + bt - 1) // bt, B * H), (128,),
+            (cq, ck, cv, cdo, clse, cdelta, cdq, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal))))
+    if out_dtype != "float32":
+        if array_kind(dq) == "torch":
+            import torch
+
+            t = getattr(torch, out_dtype)
+            dq, dk, dv = dq.to(t), dk.to(t), dv.to(t)
+        else:
+            dq, dk, dv = dq.astype(out_dtype), dk.astype(out_dtype), dv.astype(out_dtype)
+    return dq, dk, dv
+
+
+def _autograd_fn():
+    import torch
+
+    class FlashAttnCudaFunction(torch.autograd.Function):
+        """Forward: the chosen kernel. Backward: the tiled recompute kernels from the saved lse."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, kernel, dims):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            o, lse = _forward(q, k, v, causal, scale, kernel, dims)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            if do is None:
+                do = torch.zeros_like(o)
+            dq, dk, dv = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=ctx.causal, softmax_scale=ctx.scale)
+            return dq, dk, dv, None, None, None, None
+
+    return FlashAttnCudaFunction
+
+
+_FN_CACHE = {}
+
+
+def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto", return_lse=False):
+    """FlashAttention forward by a raw CUDA kernel launched through CuPy.
+
+    Arguments
+        q: (B, H, Nq, D), k and v: (B, H, Nk, D): torch CUDA tensors (any strides; made contiguous) or
+           CuPy arrays, one dtype.
+        causal: bottom-right aligned mask, query i sees key j iff j <= i + Nk - Nq.
+        softmax_scale: defaults to 1/sqrt(D).
+        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D in {64, 128}) | 'auto'
+                (mma for fp16/bf16 with D 64 or 128, else tiled).
+        return_lse: also return lse (B, H, Nq) float32 = log(sum_j exp(scaled score)).
+
+    Returns O (B, H, Nq, D) in q's dtype (and lse). A row that sees no key gives O = 0, lse = -inf.
+    Differentiable for torch tensors: the backward runs the tiled recompute kernels (fp32; fp16/bf16
+    are upcast) from the saved lse. D <= 128 for the backward.
+    """
+    check_flag(causal, "causal", fn=FN)
+    check_flag(return_lse, "return_lse", fn=FN)
+    dims, kernel = _check_inputs(q, k, v, kernel)
+    scale = resolve_softmax_scale(softmax_scale, dims.D, fn=FN)
+    if array_kind(q) == "torch":
+        import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            if "fn" not in _FN_CACHE:
+                _FN_CACHE["fn"] = _autograd_fn()
+            o, lse = _FN_CACHE["fn"].apply(q, k, v, causal, scale, kernel, dims)
+        else:
+            o, lse = _forward(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, kernel, dims)
+    else:
+        o, lse = _forward(_contig(q), _contig(k), _contig(v), causal, scale, kernel, dims)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,98 @@
+"""Run compute-sanitizer (memcheck and racecheck) over every kernel of the CUDA ladder.
+
+    PYTHONPATH=. python3 flash_attention_cuda/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
+
+For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
+its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma fp16 and bf16,
+and the seed demo kernel) and the backward kernels at small odd shapes: N = 100 (and Nq != Nk),
+D = 64 (and odd D for the fp32 rungs), causal and not. Exit status 0 only if every tool reports
+0 errors. Needs a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+CASES = [  # (B, H, Nq, Nk, D)
+    (1, 2, 100, 100, 64),
+    (2, 1, 100, 37, 64),   # Nq > Nk: causal rows that see no key
+    (1, 1, 37, 100, 128),
+    (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (mma only takes 64/128)
+]
+
+
+def inner() -> int:
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from flash_attention_cuda import RUNGS, flash_attn_cuda, flash_attn_cuda_backward, seed_nomax_forward
+    from flash_attention_py import make_inputs
+
+    n = 0
+    for B, H, Nq, Nk, D in CASES:
+        for kernel, rung in RUNGS.items():
+            for dtype in rung.dtypes:
+                if not rung.supports(dtype, D):
+                    continue
+                x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda")
+                for causal in (False, True):
+                    o, lse = flash_attn_cuda(x["q"], x["k"], x["v"], causal=causal, kernel=kernel, return_lse=True)
+                    n += 1
+                    if kernel != "naive":  # the backward kernels once per (case, dtype)
+                        flash_attn_cuda_backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal)
+                        n += 3
+        if D <= 128:
+            x = make_inputs(B, H, Nq, Nk, D, dtype="float32", kind="torch", device="cuda")
+            seed_nomax_forward(x["q"], x["k"], x["v"])
+            n += 1
+    torch.cuda.synchronize()
+    print(f"inner: {n} kernel launches done")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tools", default="memcheck,racecheck")
+    ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
+    ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
+    args = ap.parse_args()
+    if args.inner:
+        return inner()
+    ok = True
+    summary = []
+    for tool in args.tools.split(","):
+        cmd = [args.sanitizer, "--tool", tool, "--target-processes", "all"]
+        if tool == "memcheck":
+            cmd += ["--leak-check", "no"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--inner"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        log = res.stdout + res.stderr
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)
+            with open(os.path.join(args.log_dir, f"sanitizer_{tool}.log"), "w") as f:
+                f.write(" ".join(cmd) + "\n" + log)
+        # memcheck ends with "ERROR SUMMARY: N errors", racecheck with
+        # "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)"
+        m = re.findall(r"ERROR SUMMARY: (\d+) error", log)
+        r = re.findall(r"RACECHECK SUMMARY: (\d+) hazards displayed \((\d+) errors, (\d+) warnings\)", log)
+        errors = int(m[-1]) if m else (sum(map(int, r[-1])) if r else None)
+        launched = re.search(r"inner: (\d+) kernel launches done", log)
+        good = res.returncode == 0 and errors == 0 and launched is not None
+        ok &= good
+        line = (f"{tool}: {'OK' if good else 'FAIL'}, {errors} errors/hazards reported, "
+                f"{launched.group(1) if launched else '?'} launches, exit {res.returncode}")
+        summary.append(line)
+        print(line, flush=True)
+        if not good:
+            print(log[-4000:])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Count the instructions that matter in each kernel's SASS (needs nvcc and cuobjdump).
+
+    PYTHONPATH=. python3 flash_attention_cuda/sass_summary.py [--arch sm_90] [--source mma.cu]
+
+Builds the .cu with ``nvcc -cubin --resource-usage`` and prints, per kernel, its registers/spills and
+how many HMMA (tensor-core mma), LDSM (ldmatrix), LDGSTS (cp.async), MUFU (exp2/log2/rcp), BAR,
+SHFL, LDL/STL (local memory: spills) instructions it contains.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+OPS = ["HMMA", "LDSM", "LDGSTS", "LDS", "STS", "LDG", "STG", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP",
+       "SHFL", "BAR", "LDL", "STL"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--source", action="append")
+    args = ap.parse_args()
+    for source in args.source or ["mma.cu", "tiled.cu"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = os.path.join(tmp, "k.cubin")
+            res = subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-std=c++17", "--resource-usage", "-o", cubin,
+                                  os.path.join(KERNEL_DIR, source)], capture_output=True, text=True)
+            print(f"== {source} ({args.arch})")
+            for line in (res.stdout + res.stderr).splitlines():
+                if "registers" in line or "spill" in line or "error" in line:
+                    print("  " + line.strip())
+            sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        for chunk in re.split(r"\n\s+Function : ", sass)[1:]:
+            name = chunk.split("\n")[0].strip()
+            ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9]*)", chunk))
+            print(f"  {name}: " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k]) + f"; total {sum(ops.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

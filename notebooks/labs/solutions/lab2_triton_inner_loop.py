@@ -1,0 +1,122 @@
+"""Lab 2 solution: the inner K/V loop of a FlashAttention-2 forward kernel in Triton.
+
+Reference answer to ``notebooks/labs/lab2_triton_inner_loop.py`` (everything outside the loop body
+is identical to the template). A simplified forward-only version of the repository's Triton rung
+(``flash_attention_triton``), with its names: BLOCK_M (Br) query rows per program, BLOCK_N (Bc) keys
+per step, running m_i, l_i, acc, and base-2 exponentials with log2(e) folded into ``qk_scale``.
+
+    python notebooks/labs/grade.py lab2 --solution
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flash_attention_py.validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
+
+LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
+
+
+@triton.jit
+def _lab2_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, N_Q, N_K, D, qk_scale, causal_offset,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: one Q block of BLOCK_M rows of one (batch, head). Grid (cdiv(N_Q, BLOCK_M), B*H)."""
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H
+    off_h = off_bh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows of this block
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    # load Q_i (BLOCK_M, BLOCK_D) once; it stays in registers for the whole loop
+    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < N_Q) & d_ok[None, :], other=0.0)
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max (base-2 units)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running row sum of exp2(S - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # unnormalised O_i
+
+    # causal (bottom-right): query i sees key j iff j <= i + causal_offset; later blocks are skipped
+    kv_end = N_K
+    if CAUSAL:
+        kv_end = tl.minimum(N_K, tl.maximum(0, (start_m + 1) * BLOCK_M + causal_offset))
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_kv = start_n + offs_n  # key rows of this block
+        kv_ok = offs_kv < N_K
+        # K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D); rows past N_K read as 0
+        kT = tl.load(k_base + offs_kv[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                     mask=kv_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_kv[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
+        # visible (BLOCK_M, BLOCK_N): True where query row offs_m may see key offs_kv
+        visible = kv_ok[None, :] & (offs_m[:, None] >= 0)
+        if CAUSAL:
+            visible = visible & (offs_kv[None, :] <= offs_m[:, None] + causal_offset)
+        # ---------------------------------------------------------------- the loop body (lab 2)
+        # S_ij = Q_i K_j^T * scale * log2(e)   (base-2 units: exp2 of it is exp of the real score)
+        s = tl.dot(q, kT, input_precision="ieee") * qk_scale
+        s = tl.where(visible, s, float("-inf"))
+        # m_new = max(m_old, rowmax(S_ij))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # rows that have seen no key keep m = -inf: subtract 0 there so exp2(-inf) = 0, not NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # P_ij = exp2(S_ij - m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        # alpha = exp2(m_old - m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        # l_new = alpha * l_old + rowsum(P_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # acc = alpha * acc + P_ij V_j
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+        # ---------------------------------------------------------------- end of the loop body
+
+    # O_i = acc / l_i; a row that saw no key (l = 0) gets O = 0 and lse = -inf
+    seen = l_i > 0
+    l_div = tl.where(seen, l_i, 1.0)
+    o = acc / l_div[:, None]
+    # lse = log(sum exp(S)) = (m_i + log2(l_i)) * ln(2)   (m_i is in base-2 units)
+    lse = tl.where(seen, (m_i + tl.log2(l_div)) * 0.6931471805599453, float("-inf"))  # ln(2)
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o, mask=(offs_m[:, None] < N_Q) & d_ok[None, :])
+    tl.store(LSE + off_bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=32, block_n=32):
+    """Forward attention with the lab-2 kernel. GIVEN.
+
+    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 torch tensors on one device (the CPU under
+    TRITON_INTERPRET=1, or a CUDA GPU), any strides. causal is bottom-right aligned.
+    block_m (BLOCK_M) and block_n (BLOCK_N): powers of two >= 16.
+    Returns O (B, H, Nq, D) float32, and lse (B, H, Nq) float32 (natural log) if return_lse.
+    """
+    import torch
+
+    fn = "flash_attn_lab2"
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=("float32",))
+    check_flag(causal, "causal", fn=fn)
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    for name, bs in (("block_m", block_m), ("block_n", block_n)):
+        check_block_size(bs, name, fn=fn)
+        if bs < 16 or bs & (bs - 1):
+            raise ValueError(f"{fn}: {name} must be a power of two >= 16 (tl.dot needs it), got {bs}")
+    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(Nq, block_m), B * H)
+    _lab2_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, Nq, Nk, D, scale * LOG2_E, Nk - Nq,
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
+    )
+    return (o, lse) if return_lse else o

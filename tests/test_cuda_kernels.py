@@ -1,0 +1,200 @@
+"""The CUDA backend (flash_attention_cuda) beyond the shared harness.
+
+* bad input (runs on the CPU too): tensors not on a CUDA device, unknown kernel name, a
+  (kernel, dtype, D) combination a rung does not support (the message lists what it supports);
+* on a GPU: the seed lab kernel's overflow (no running max) against ours, large and negative scales,
+  CuPy arrays in and out, zero-copy DLPack views, torch's current stream, odd D (scalar-load path),
+  the autograd backward of every rung. Without a GPU these skip with the reason
+  (``cupy.cuda.is_available()`` is False).
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
+from flash_attention_py.registry import cuda_unavailable_reason
+
+import flash_attention_cuda as fac
+from flash_attention_cuda import flash_attn_cuda
+
+REASON = cuda_unavailable_reason()
+gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+def _inputs(B, H, Nq, Nk, D, dtype="float32", seed=None):
+    x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda", seed=seed)
+    return x["q"], x["k"], x["v"], x["do"]
+
+
+def _err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+# ------------------------------------------------------------------ bad input (CPU or GPU)
+def test_cpu_tensors_rejected():
+    q = torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="must be on a CUDA device, got cpu"):
+        flash_attn_cuda(q, q, q)
+
+
+def test_unknown_kernel_name():
+    q = torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match=r"unknown kernel 'wmma'.*naive, tiled, mma"):
+        flash_attn_cuda(q, q, q, kernel="wmma")
+    with pytest.raises(TypeError, match="kernel must be a str"):
+        flash_attn_cuda(q, q, q, kernel=3)
+
+
+@pytest.mark.parametrize("kernel,dtype,D", [("mma", "float32", 64), ("mma", "float16", 96), ("naive", "float16", 64),
+                                            ("tiled", "float32", 256), ("auto", "float64", 64)])
+def test_unsupported_combination_lists_what_is_supported(kernel, dtype, D):
+    q = torch.randn(1, 1, 4, D).to(getattr(torch, dtype))
+    with pytest.raises(ValueError, match=r"D = %d.*mma: float16/bfloat16, D in \{64, 128\}" % D):
+        flash_attn_cuda(q, q, q, kernel=kernel)
+
+
+def test_numpy_and_shape_errors():
+    with pytest.raises(TypeError, match="q must be a torch.Tensor or cupy.ndarray"):
+        flash_attn_cuda(np.zeros((1, 1, 4, 64), np.float32), np.zeros((1, 1, 4, 64), np.float32),
+                        np.zeros((1, 1, 4, 64), np.float32))
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        flash_attn_cuda(q[0], q[0], q[0])
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        flash_attn_cuda(q, q, q, causal=1)
+
+
+def test_rung_table():
+    assert fac.KERNELS == ("naive", "tiled", "mma")
+    assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
+
+
+# ------------------------------------------------------------------ GPU
+@gpu
+def test_seed_kernel_overflows_and_ours_does_not():
+    """Scores of ~200: exp(200) = inf in float32, so the seed's no-max sum gives inf/inf = NaN."""
+    B, H, N, D = 1, 2, 100, 64
+    q, k, v, _ = _inputs(B, H, N, N, D)
+    q = q * 4.0  # |s| up to ~ (4 * 8)^2 / 8 = 128 > 88.7 ...
+    k = k * 4.0
+    scale = 1.0  # ... and no 1/sqrt(D): scores in the hundreds
+    seed_o = fac.seed_nomax_forward(q, k, v, softmax_scale=scale)
+    assert not torch.isfinite(seed_o).all(), "expected the seed kernel (no running max) to overflow"
+    ref = attention_reference(q, k, v, softmax_scale=scale)
+    for kernel in ("naive", "tiled"):
+        o, lse = flash_attn_cuda(q, k, v, softmax_scale=scale, kernel=kernel, return_lse=True)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), kernel
+        assert _err(o, ref) < 1e-3, kernel
+    oh = flash_attn_cuda(q.half(), k.half(), v.half(), softmax_scale=scale, kernel="mma")
+    assert torch.isfinite(oh).all()
+    # at ordinary scales the seed arithmetic is right: it is the missing max, not the loop, that fails
+    q2, k2, v2, _ = _inputs(B, H, N, N, D)
+    assert _err(fac.seed_nomax_forward(q2, k2, v2), attention_reference(q2, k2, v2)) < 1e-4
+
+
+@gpu
+@pytest.mark.parametrize("kernel,dtype", [("naive", "float32"), ("tiled", "float32"), ("mma", "float16"),
+                                          ("mma", "bfloat16")])
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.5])
+def test_unusual_scales(kernel, dtype, scale):
+    q, k, v, _ = _inputs(2, 2, 77, 130, 64, dtype)
+    for causal in (False, True):
+        o, lse = flash_attn_cuda(q, k, v, causal=causal, softmax_scale=scale, kernel=kernel, return_lse=True)
+        o_ref, lse_ref = attention_reference(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
+        tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1}[dtype] * max(1.0, abs(scale))
+        assert _err(o, o_ref) < tol
+        fin = torch.isfinite(lse_ref)
+        assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
+        assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < tol * 10
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["naive", "tiled"])
+@pytest.mark.parametrize("D", [1, 3, 33, 127])
+def test_odd_head_dims_fp32(kernel, D):
+    q, k, v, _ = _inputs(1, 3, 45, 70, D)
+    for causal in (False, True):
+        o = flash_attn_cuda(q, k, v, causal=causal, kernel=kernel)
+        assert _err(o, attention_reference(q, k, v, causal=causal)) < 1e-4
+
+
+@gpu
+def test_tiled_unaligned_rows_use_scalar_loads():
+    """A contiguous view that starts 4 bytes into its buffer: float4 loads would be misaligned."""
+    buf = torch.randn(1 + 3 * 2 * 50 * 64, device="cuda")
+    q, k, v = buf[1:].view(3, 1, 2, 50, 64).unbind(0)
+    o = flash_attn_cuda(q, k, v, kernel="tiled")
+    assert _err(o, attention_reference(q, k, v)) < 1e-4
+
+
+@gpu
+def test_cupy_arrays_in_and_out():
+    import cupy
+
+    q, k, v, _ = _inputs(2, 2, 50, 61, 64, "float16")
+    cq, ck, cv = (cupy.from_dlpack(x) for x in (q, k, v))
+    o, lse = flash_attn_cuda(cq, ck, cv, causal=True, return_lse=True)
+    assert isinstance(o, cupy.ndarray) and o.dtype == cupy.float16 and lse.dtype == cupy.float32
+    o_ref = attention_reference(q, k, v, causal=True)
+    assert _err(torch.from_dlpack(o), o_ref) < 2e-2
+    o32 = flash_attn_cuda(*(x.astype(cupy.float32) for x in (cq, ck, cv)), kernel="naive")
+    assert _err(torch.from_dlpack(o32), attention_reference(q, k, v)) < 5e-3
+
+
+@gpu
+def test_dlpack_views_are_zero_copy():
+    import cupy
+
+    from flash_attention_cuda.launcher import _as_cupy
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        t = torch.randn(2, 3, 4, 8, device="cuda").to(dtype)
+        assert _as_cupy(t).data.ptr == t.data_ptr()
+    assert isinstance(_as_cupy(t), cupy.ndarray)
+
+
+@gpu
+def test_runs_on_torch_current_stream():
+    q, k, v, _ = _inputs(2, 4, 300, 300, 64, "float16")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)  # keep the stream busy: a kernel on another stream would run first
+        o = flash_attn_cuda(q, k, v)
+        o2 = o * 1.0
+    s.synchronize()
+    assert _err(o2, attention_reference(q, k, v)) < 2e-2
+
+
+@gpu
+@pytest.mark.parametrize("kernel,dtype,D", [("naive", "float32", 40), ("tiled", "float32", 128),
+                                            ("mma", "float16", 64), ("mma", "bfloat16", 128)])
+def test_autograd_backward(kernel, dtype, D):
+    q, k, v, do = _inputs(2, 2, 97, 131, D, dtype)
+    for causal in (False, True):
+        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+        o = flash_attn_cuda(qq, kk, vv, causal=causal, kernel=kernel)
+        o.backward(do)
+        ref = attention_reference_grads(q, k, v, do, causal=causal)
+        tol = {"float32": 1e-4, "float16": 3e-2, "bfloat16": 2e-1}[dtype]
+        for g, r in zip((qq.grad, kk.grad, vv.grad), ref):
+            assert g.dtype == q.dtype and torch.isfinite(g).all()
+            assert _err(g, r) < tol
+
+
+@gpu
+def test_rows_that_see_no_key():
+    q, k, v, _ = _inputs(1, 2, 40, 9, 64, "float16")
+    for kernel, dt in (("naive", torch.float32), ("tiled", torch.float32), ("mma", torch.float16)):
+        o, lse = flash_attn_cuda(q.to(dt), k.to(dt), v.to(dt), causal=True, kernel=kernel, return_lse=True)
+        assert torch.isneginf(lse[:, :, :31]).all() and (o[:, :, :31] == 0).all(), kernel
+        assert torch.isfinite(lse[:, :, 31:]).all(), kernel
+
+
+@gpu
+def test_mma_long_sequence_matches_reference():
+    q, k, v, _ = _inputs(1, 2, 1500, 2100, 128, "float16")
+    for causal in (False, True):
+        o = flash_attn_cuda(q, k, v, causal=causal)
+        assert _err(o, attention_reference(q, k, v, causal=causal)) < 5e-3

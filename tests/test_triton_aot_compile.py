@@ -1,0 +1,64 @@
+"""Compile the Triton kernels ahead of time for real GPUs (sm_80 and sm_90) on a machine without one.
+
+The interpreter accepts what a GPU compiler may reject (``tl.dot`` with a dimension < 16, tiles over
+the shared-memory limit); ``triton.compile`` with ``GPUTarget("cuda", 80 | 90, 32)`` runs the real
+pipeline down to a cubin through ptxas, driver-free. It runs in a subprocess with TRITON_INTERPRET=0,
+because this process's kernels were decorated for the interpreter.
+
+CI compiles a representative set per target (``REPRESENTATIVE`` below: the largest tiles the
+autotuner may pick at D = 128, the fixed small-problem configs at D = 256 in fp32 (the most shared
+memory), D = 16 (the smallest dot) and a padded D = 40). Every variant:
+``python -m flash_attention_triton.aot --full --jobs 16`` (run on the GPU machine, see docs/results/triton).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import json, sys
+from flash_attention_triton import aot
+out = [aot.compile_variant(*v) for v in aot.representative_variants()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"ahead-of-time compilation failed:\n{proc.stderr[-4000:]}"
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_every_representative_variant_compiles_and_fits(compiled):
+    from flash_attention_triton import aot
+
+    assert len(compiled) == len(aot.representative_variants())
+    archs = {r["arch"] for r in compiled}
+    assert archs == {80, 90}
+    too_big = [r for r in compiled if r["shared"] > r["limit"]]
+    assert not too_big, f"over the shared-memory limit: {too_big}"
+    for kernel in ("fwd", "dkdv", "dq", "pre"):
+        assert any(r["kernel"] == kernel for r in compiled), kernel
+
+
+def test_smem_estimate_bounds_the_compiler(compiled):
+    """The pruning estimate must not be below what the compiler allocates by much (else prune lets misfits through)."""
+    from flash_attention_triton import configs as C
+
+    for r in compiled:
+        if r["kernel"] == "pre":
+            continue
+        BM, BN, _, stages = r["config"]
+        block_d = max(16, 1 << (r["head_dim"] - 1).bit_length())
+        est = C.smem_estimate(r["kernel"], BM, BN, stages, block_d, 4 if r["dtype"] == "float32" else 2)
+        assert r["shared"] <= 1.5 * est + 4096, (r, est)

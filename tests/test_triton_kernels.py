@@ -1,0 +1,179 @@
+"""Triton backend beyond the shared harness: out-of-bounds guards, block arithmetic, scales, layouts.
+
+Runs on the GPU when there is one, else under TRITON_INTERPRET=1 (tests/conftest.py). The
+interpreter does not raise on an out-of-bounds access (it reads or corrupts neighbouring memory),
+so the inputs here are views into NaN-filled buffers: any read past row N or column D turns the
+output into NaN and fails the test, on the CPU and on the GPU alike.
+"""
+import math
+
+import pytest
+import torch
+
+from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
+
+triton = pytest.importorskip("triton")
+
+from flash_attention_triton import attention as A  # noqa: E402
+from flash_attention_triton import configs as C  # noqa: E402
+from flash_attention_triton import flash_attn_triton  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not A.INTERPRETED:
+    pytest.skip("no GPU and Triton imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+TOL = {"float32": 2e-4 if DEVICE == "cuda" else 2e-5, "float16": 1e-2, "bfloat16": 6e-2}  # max-abs, O ~ N(0, 1/...)
+
+
+def nan_padded(x, pad_rows=5, pad_d=7):
+    """A copy of x (B, H, N, D) living inside a NaN-filled buffer (B, H, N + 2*pad_rows, D + pad_d)."""
+    B, H, N, D = x.shape
+    buf = torch.full((B, H, N + 2 * pad_rows, D + pad_d), float("nan"), dtype=x.dtype, device=x.device)
+    view = buf[:, :, pad_rows:pad_rows + N, :D]
+    view.copy_(x)
+    return view
+
+
+def fwd_bwd(q, k, v, do, causal, scale=None):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o, lse = flash_attn_triton(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
+    o.backward(do)
+    return o.detach(), lse, q.grad, k.grad, v.grad
+
+
+def assert_matches(out, ref, tol, what):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert not torch.isnan(out).any(), f"{what}: NaN (an out-of-bounds read of the NaN padding?)"
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out), fin), f"{what}: infinite entries differ from the reference"
+    err = (out[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= tol, f"{what}: max-abs error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("Nq,Nk,D", [(37, 75, 40), (70, 33, 24)])
+def test_nan_padding_never_read(Nq, Nk, D):
+    """Odd sizes, padded D, Nq != Nk: forward and backward never read past row N or column D."""
+    dtype = "float32"
+    x = make_inputs(1, 2, Nq, Nk, D, dtype=dtype, device=DEVICE)
+    q, k, v, do = (nan_padded(x[n]) for n in ("q", "k", "v", "do"))
+    for causal in (False, True):
+        o, lse, dq, dk, dv = fwd_bwd(q, k, v, do, causal)
+        o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, return_lse=True)
+        grads_ref = attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal)
+        assert_matches(o, o_ref, TOL[dtype], f"o causal={causal}")
+        assert_matches(lse, lse_ref, TOL[dtype], f"lse causal={causal}")
+        for name, g, g_ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads_ref):
+            assert_matches(g, g_ref, 4 * TOL[dtype], f"{name} causal={causal}")
+
+
+# (fwd, dkdv, dq) block configs with Br != Bc both ways, including Bc > N and Br > N
+CONFIGS = [
+    dict(fwd=(16, 64), dkdv=(64, 16), dq=(16, 64)),
+    dict(fwd=(32, 16), dkdv=(16, 32), dq=(32, 16)),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["Br16Bc64", "Br32Bc16"])
+def test_block_arithmetic_any_config(cfg):
+    """Causal skip/diagonal/tail ranges are right for unequal blocks and Nq != Nk (both ways)."""
+    scale = 0.125
+    for Nq, Nk in ((50, 23), (23, 50)):
+        x = make_inputs(1, 1, Nq, Nk, 32, dtype="float32", device=DEVICE)
+        for causal in (False, True):
+            o, lse = A._forward(x["q"], x["k"], x["v"], causal, scale, config=cfg["fwd"])
+            o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
+                                                 return_lse=True)
+            assert_matches(o, o_ref, TOL["float32"], f"o {Nq}x{Nk} causal={causal}")
+            assert_matches(lse, lse_ref, TOL["float32"], f"lse {Nq}x{Nk} causal={causal}")
+            grads = A._backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal, scale,
+                                configs={"dkdv": cfg["dkdv"], "dq": cfg["dq"]})
+            grads_ref = attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal, softmax_scale=scale)
+            for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+                assert_matches(g, g_ref, 4 * TOL["float32"], f"{name} {Nq}x{Nk} causal={causal}")
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.7])
+def test_softmax_scale_any_sign(scale):
+    """Negative scales take the rowmin path of the unmasked loop; 0 gives the mean of V."""
+    x = make_inputs(1, 1, 40, 70, 16, dtype="float32", device=DEVICE)
+    for causal in (False, True):
+        o, lse = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale, return_lse=True)
+        o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
+                                             return_lse=True)
+        assert_matches(o, o_ref, TOL["float32"], f"o scale={scale}")
+        assert_matches(lse, lse_ref, TOL["float32"], f"lse scale={scale}")
+
+
+def test_rows_that_see_no_key():
+    """Causal with Nq > Nk: the first Nq - Nk rows give O = 0, lse = -inf and zero dq, never NaN."""
+    Nq, Nk = 70, 20
+    x = make_inputs(1, 1, Nq, Nk, 16, dtype="float32", device=DEVICE)
+    o, lse, dq, dk, dv = fwd_bwd(x["q"], x["k"], x["v"], x["do"], True)
+    blind = Nq - Nk
+    assert torch.all(o[:, :, :blind] == 0)
+    assert torch.all(torch.isneginf(lse[:, :, :blind]))
+    assert torch.isfinite(lse[:, :, blind:]).all()
+    assert torch.all(dq[:, :, :blind] == 0)
+    for g in (o, dq, dk, dv):
+        assert not torch.isnan(g).any()
+
+
+def test_unit_head_dim_stride_and_broadcast_do():
+    """q with a non-unit stride along D, and dO from a sum (stride 0 everywhere)."""
+    B, H, N, D = 1, 2, 33, 32
+    x = make_inputs(B, H, N, N, D, dtype="float32", device=DEVICE)
+    q = x["q"].transpose(-1, -2).contiguous().transpose(-1, -2)  # stride along D is N
+    assert q.stride(-1) != 1
+    q_, k_, v_ = (t.detach().requires_grad_(True) for t in (q, x["k"], x["v"]))
+    o = flash_attn_triton(q_, k_, v_, causal=True)
+    o.sum().backward()  # dO is an expanded tensor of ones: all strides 0
+    grads_ref = attention_reference_grads(q, x["k"], x["v"], torch.ones_like(o), causal=True)
+    assert_matches(o, attention_reference(q, x["k"], x["v"], causal=True), TOL["float32"], "o")
+    for name, g, g_ref in zip(("dq", "dk", "dv"), (q_.grad, k_.grad, v_.grad), grads_ref):
+        assert_matches(g, g_ref, 4 * TOL["float32"], name)
+
+
+def test_lse_not_differentiable_and_output_contract():
+    x = make_inputs(2, 1, 17, 17, 16, dtype="float16", device=DEVICE, with_grad=True)
+    o, lse = flash_attn_triton(x["q"], x["k"], x["v"], return_lse=True)
+    assert o.dtype == torch.float16 and o.shape == x["q"].shape and o.requires_grad
+    assert lse.dtype == torch.float32 and lse.shape == (2, 1, 17) and not lse.requires_grad
+    o2 = flash_attn_triton(x["q"], x["k"], x["v"])
+    assert torch.equal(o, o2), "the kernel must be deterministic"
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's bf16 refusal only applies to CPU tensors")
+def test_bf16_refused_under_interpreter():
+    x = make_inputs(1, 1, 16, 16, 16, dtype="bfloat16")
+    with pytest.raises(TypeError, match="bfloat16.*interpreter"):
+        flash_attn_triton(x["q"], x["k"], x["v"])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="GPU only")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_autotuned_path(dtype, D):
+    """N >= AUTOTUNE_MIN_N goes through triton.autotune: check it against FA2-sized odd problems."""
+    N = C.AUTOTUNE_MIN_N + 37
+    x = make_inputs(1, 2, N, N, D, dtype=dtype, device="cuda")
+    for causal in (False, True):
+        o, lse, dq, dk, dv = fwd_bwd(x["q"], x["k"], x["v"], x["do"], causal)
+        o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, return_lse=True)
+        grads_ref = attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal)
+        tol = TOL[dtype]
+        assert_matches(o, o_ref, tol, f"o {dtype} causal={causal}")
+        assert_matches(lse, lse_ref, tol, f"lse {dtype} causal={causal}")
+        for name, g, g_ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads_ref):
+            assert_matches(g, g_ref, 10 * tol * math.sqrt(N / 64), f"{name} {dtype} causal={causal}")
+
+
+def test_prune_keeps_something_and_fits():
+    for kernel, cands in C.CANDIDATES.items():
+        for block_d in (16, 64, 128, 256):
+            for elem in (2, 4):
+                kept = C.prune(kernel, cands, block_d, elem)
+                assert kept, (kernel, block_d, elem)
+                for c in kept:
+                    BM, BN, w, s = c
+                    if len(kept) > 1 or C.smem_estimate(kernel, BM, BN, s, block_d, elem) <= C.SMEM_LIMIT[90]:
+                        assert C.smem_estimate(kernel, BM, BN, s, block_d, elem) <= C.SMEM_LIMIT[90]
