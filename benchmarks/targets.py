@@ -19,7 +19,6 @@ runs once, untimed, and its graph is kept); 'fwd+bwd' times forward then backwar
 from __future__ import annotations
 
 import contextlib
-import importlib
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -141,10 +140,7 @@ class RegistryTarget(Target):
         # mode == 'bwd': run the forward once (untimed), time the backward alone
         if b.array == "numpy":
             o, lse = b.forward(q, k, v, causal=causal, return_lse=True)
-            module, fn = b.backward_target.split(":")
-            bwd = getattr(importlib.import_module(module), fn)
-            block = {key: val for key, val in b.kwargs.items() if key in ("block_m", "block_n")}
-            return lambda: bwd(q, k, v, o, lse, do, causal=causal, **block)
+            return lambda: b.numpy_backward(q, k, v, o, lse, do, causal=causal)
         torch = _torch()
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
         with torch.enable_grad():

@@ -64,16 +64,20 @@ class Backend:
         return self.load()(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                            **{**self.kwargs, **extra})
 
+    def numpy_backward(self, q, k, v, o, lse, do, *, causal=False, softmax_scale=None):
+        """NumPy backends: their separate backward function, with the entry's block sizes -> (dq, dk, dv)."""
+        module, fn = self.backward_target.split(":")
+        bwd = getattr(importlib.import_module(module), fn)
+        block = {key: val for key, val in self.kwargs.items() if key in ("block_m", "block_n")}
+        return bwd(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, **block)
+
     def forward_backward(self, q, k, v, do, *, causal=False, softmax_scale=None):
         """Run forward then backward with upstream gradient ``do``: returns (o, lse, dq, dk, dv)."""
         if not self.backward:
             raise NotImplementedError(f"{self.name} has no backward")
         if self.array == "numpy":
             o, lse = self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
-            module, fn = self.backward_target.split(":")
-            bwd = getattr(importlib.import_module(module), fn)
-            block = {key: val for key, val in self.kwargs.items() if key in ("block_m", "block_n")}
-            dq, dk, dv = bwd(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, **block)
+            dq, dk, dv = self.numpy_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale)
             return o, lse, dq, dk, dv
         q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
         o, lse = self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
