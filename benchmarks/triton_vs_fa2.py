@@ -142,7 +142,7 @@ def main(argv=None):
         cudnn=torch.backends.cudnn.version(), python=platform.python_version(), dtype="float16",
         timer="triton.testing.do_bench median, warmup 25 ms, rep %d ms" % args.rep,
         flops="4*B*H*N*N*D, x0.5 causal, x2.5 backward (flash_attention_py.common.attention_flops)",
-        command="PYTHONPATH=. python3 benchmarks/triton_vs_fa2.py --out docs/results/triton",
+        command="PYTHONPATH=. python3 benchmarks/triton_vs_fa2.py " + " ".join(sys.argv[1:] if argv is None else argv),
         seconds=round(time.time() - t_start, 1), autotune_choices=best_configs(), diagnostics=diagnostics,
     )
     os.makedirs(args.out, exist_ok=True)

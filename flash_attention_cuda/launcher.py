@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,7 +64,8 @@ BACKWARD_MAX_HEAD_DIM = 128
 
 # mma: (BC keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
 # A block holds Br = 16 * tiles * warps query rows.
-MMA_CONFIGS = {64: (64, 4, 2), 128: (32, 4, 2)}
+# Chosen by `benchmarks/cuda_ladder_vs_fa2.py --sweep` on an H100 (docs/results/cuda/cuda_ladder.json).
+MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
 
 
 def supported_text() -> str:
@@ -127,7 +129,10 @@ class _Ctx:
             ptr = torch.cuda.current_stream(x.device).cuda_stream
             self.stream = _STREAMS.get((ptr, self.device_id))
             if self.stream is None:
-                self.stream = _STREAMS[(ptr, self.device_id)] = cupy.cuda.ExternalStream(ptr, self.device_id)
+                with warnings.catch_warnings():  # CuPy 14 marks ExternalStream deprecated; it still works
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self.stream = cupy.cuda.ExternalStream(ptr, self.device_id)
+                _STREAMS[(ptr, self.device_id)] = self.stream
         else:
             self.device_id = x.device.id
             self.stream = None

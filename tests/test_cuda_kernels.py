@@ -198,3 +198,20 @@ def test_mma_long_sequence_matches_reference():
     for causal in (False, True):
         o = flash_attn_cuda(q, k, v, causal=causal)
         assert _err(o, attention_reference(q, k, v, causal=causal)) < 5e-3
+
+
+@gpu
+@pytest.mark.parametrize("D,config", [(64, c) for c in [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)]]
+                         + [(128, c) for c in [(128, 8, 1), (64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2)]])
+def test_mma_every_benchmarked_config(D, config, monkeypatch):
+    """Every (BC, warps, m16 tiles per warp) the benchmark sweep tries is right at odd shapes too."""
+    monkeypatch.setitem(fac.MMA_CONFIGS, D, config)
+    for Nq, Nk in ((100, 100), (37, 300), (300, 37)):
+        q, k, v, _ = _inputs(2, 2, Nq, Nk, D, "float16")
+        for causal in (False, True):
+            o, lse = flash_attn_cuda(q, k, v, causal=causal, return_lse=True)
+            o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
+            assert _err(o, o_ref) < 5e-3, (Nq, Nk, causal)
+            fin = torch.isfinite(lse_ref)
+            assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
+            assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < 1e-3

@@ -339,6 +339,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
                                                         int, float, int, int);
 FA_MMA_INST(64, 64, 4, 2, false)
 FA_MMA_INST(64, 64, 4, 2, true)
+FA_MMA_INST(128, 128, 8, 1, false)
+FA_MMA_INST(128, 128, 8, 1, true)
 FA_MMA_INST(128, 32, 4, 2, false)
 FA_MMA_INST(128, 32, 4, 2, true)
 FA_MMA_INST(64, 64, 8, 2, false)

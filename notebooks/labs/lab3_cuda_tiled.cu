@@ -37,7 +37,8 @@
 //   warp w owns query rows  q0 + w * ROWS ... + ROWS - 1  of the block
 //   a K/V tile holds BC = 32 keys: lane c of a warp computes the scores of key c for the warp's rows,
 //   so a row max / row sum over the tile is a warp reduction (__shfl_xor_sync);
-//   for P V, lane c owns the output columns d = c, c + 32, c + 64, ... (D_PAD / 32 of them).
+//   for P V, lane c owns the output columns d = c, c + 32, c + 64, ... (D_PAD / 32 of them), and the
+//   warp's P rows go through shared memory (float4 broadcasts) rather than one shuffle per key.
 // Scores are kept in log2 units (scale2 = scale * log2 e), so every exponential is an exp2.
 #include "common.cuh"
 
@@ -67,10 +68,12 @@ __device__ __forceinline__ void compute_qk_scores_and_max(const float (*q_tile)[
 // 2. The tile's own softmax numerator and its weighted sum of V.
 //    p        = exp2(s[r] - m_tile[r])           (0 for masked keys; 0 if the row saw no key here)
 //    l_tile   = sum over the 32 keys of p        -- a warp reduction
-//    pv[r][i] = sum_c p_c * V[c][lane + 32 i]    -- lane c's p is broadcast with __shfl_sync
-// v_tile: (32, D_PAD) the tile's values (rows past Nk are zero).
+//    pv[r][i] = sum_c p_c * V[c][lane + 32 i]    -- lane c's p goes through the warp's p_warp rows in
+//                                                   shared memory, read back 4 keys at a time (float4)
+// v_tile: (32, D_PAD) the tile's values (rows past Nk are zero); p_warp: (ROWS, 32) this warp's scratch.
 template <int D_PAD, int ROWS>
-__device__ __forceinline__ void compute_block_softmax_and_weighted_v(const float (*v_tile)[D_PAD], int lane,
+__device__ __forceinline__ void compute_block_softmax_and_weighted_v(const float (*v_tile)[D_PAD],
+                                                                     float (*p_warp)[tiled::BC], int lane,
                                                                      const float (&s)[ROWS],
                                                                      const float (&m_tile)[ROWS],
                                                                      float (&l_tile)[ROWS],
@@ -136,6 +139,7 @@ __global__ void __launch_bounds__(tiled::NWARPS * 32)
     __shared__ __align__(16) float q_tile[BR][D_PAD];
     __shared__ __align__(16) float k_tile[tiled::BC][D_PAD + tiled::KPAD];
     __shared__ __align__(16) float v_tile[tiled::BC][D_PAD];
+    __shared__ __align__(16) float p_tile[BR][tiled::BC];  // P_ij, ROWS rows per warp
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long bh = blockIdx.y;
     const int q0 = blockIdx.x * BR;
@@ -164,7 +168,7 @@ __global__ void __launch_bounds__(tiled::NWARPS * 32)
         float s[ROWS], m_tile[ROWS], l_tile[ROWS], pv[ROWS][D_PAD / 32];
         compute_qk_scores_and_max<D_PAD, ROWS>(q_tile, k_tile, warp, lane, row0, j0 + lane, Nq, Nk, causal != 0,
                                                scale2, s, m_tile);
-        compute_block_softmax_and_weighted_v<D_PAD, ROWS>(v_tile, lane, s, m_tile, l_tile, pv);
+        compute_block_softmax_and_weighted_v<D_PAD, ROWS>(v_tile, &p_tile[warp * ROWS], lane, s, m_tile, l_tile, pv);
         merge_block_stats<D_PAD, ROWS>(m, l, acc, m_tile, l_tile, pv);
     }
     normalize_output<D_PAD, ROWS>(O + bh * Nq * D, LSE + bh * Nq, lane, row0, Nq, D, m, l, acc);

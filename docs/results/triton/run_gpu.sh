@@ -13,7 +13,7 @@ timeout ${BENCH_S:-300} python3 benchmarks/triton_vs_fa2.py --out "$OUT" ${BENCH
 echo "bench rc=$?"; tail -n 45 "$OUT/bench.log"
 TESTS="tests/test_harness.py tests/test_triton_kernels.py tests/test_triton_bad_input.py"
 # 2. tests in parallel (compiles every variant on 12 cores and fills Triton's cache) ...
-timeout ${XDIST_S:-150} python3 -m pytest -q -p no:cacheprovider -n 12 -k triton $TESTS > "$OUT/pytest_xdist.log" 2>&1
+timeout ${XDIST_S:-240} python3 -m pytest -q -p no:cacheprovider -n 12 -k triton $TESTS > "$OUT/pytest_xdist.log" 2>&1
 echo "xdist rc=$?"; tail -n 5 "$OUT/pytest_xdist.log"
 # 3. ... then serially, from the cache, for the accuracy table (FA_ERROR_REPORT)
 FA_ERROR_REPORT="$OUT/gpu_errors.json" timeout ${SERIAL_S:-100} python3 -m pytest -q -p no:cacheprovider -k triton $TESTS > "$OUT/pytest_serial.log" 2>&1
