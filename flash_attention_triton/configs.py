@@ -39,14 +39,21 @@ CANDIDATES = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}
 
 
 def smem_estimate(kernel: str, BM: int, BN: int, stages: int, block_d: int, elem: int) -> int:
-    """Rough shared-memory bytes of one program: the operand tiles the pipeline keeps in flight."""
+    """Rough shared-memory bytes of one program: the operand tiles the pipeline keeps in flight.
+
+    At least two buffers of the loop's tiles even at num_stages=1; float32 (3xTF32 dots) keeps the
+    split operands too: +25%. Checked against the compiler's figure by tests/test_triton_aot_compile.py.
+    """
+    stages = max(stages, 2)
     if kernel == "fwd":  # Q_i resident, K_j and V_j per stage, P_ij staged for the second dot
-        return elem * (BM * block_d + stages * 2 * BN * block_d + BM * BN)
-    if kernel == "dkdv":  # K_j, V_j resident, Q_i and dO_i per stage, P^T and dS^T staged
-        return elem * (2 * BN * block_d + stages * 2 * BM * block_d + 2 * BM * BN)
-    if kernel == "dq":  # Q_i, dO_i resident, K_j and V_j per stage, dS staged
-        return elem * (2 * BM * block_d + stages * 2 * BN * block_d + BM * BN)
-    raise ValueError(f"unknown kernel {kernel!r}")
+        est = elem * (BM * block_d + stages * 2 * BN * block_d + BM * BN)
+    elif kernel == "dkdv":  # K_j, V_j resident, Q_i and dO_i per stage, P^T and dS^T staged
+        est = elem * (2 * BN * block_d + stages * 2 * BM * block_d + 2 * BM * BN)
+    elif kernel == "dq":  # Q_i, dO_i resident, K_j and V_j per stage, dS staged
+        est = elem * (2 * BM * block_d + stages * 2 * BN * block_d + BM * BN)
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}")
+    return est * 5 // 4 if elem == 4 else est
 
 
 def _regs_ok(kernel: str, BM: int, BN: int, warps: int, block_d: int) -> bool:

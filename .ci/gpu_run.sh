@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The project's GPU check, run on a CUDA machine from the repository root (nothing needs installing
+# beyond torch, triton, cupy, pytest, pytest-xdist, matplotlib, tqdm):
+#   OUT=gpu_out bash .ci/gpu_run.sh tests        # the whole pytest suite on the GPU, accuracy table in JSON
+#   OUT=gpu_out bash .ci/gpu_run.sh seed         # benchmark: the seed documents' configuration
+#   OUT=gpu_out bash .ci/gpu_run.sh sweep        # benchmark: the default GPU sweep
+# Each step has its own time limit, so one slow step cannot hide the others' results.
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+{ nvidia-smi -L; python3 -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+for step in "$@"; do
+  case "$step" in
+    tests)
+      # in parallel first (compiles every kernel variant on many cores), then the accuracy table serially from the caches
+      timeout "${XDIST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 12 -rs tests > "$OUT/pytest_xdist.log" 2>&1
+      echo "pytest -n 12 rc=$?"; grep -E "passed|failed|error" "$OUT/pytest_xdist.log" | tail -n 3
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest_xdist.log" | head -n 20
+      grep -E "^SKIPPED" "$OUT/pytest_xdist.log" | sort | uniq -c | sort -rn | head -n 12
+      FA_ERROR_REPORT="$OUT/gpu_errors.json" timeout "${SERIAL_S:-200}" python3 -m pytest -q -p no:cacheprovider \
+        tests/test_harness.py > "$OUT/pytest_harness_serial.log" 2>&1
+      echo "harness serial rc=$?"; tail -n 3 "$OUT/pytest_harness_serial.log" ;;
+    seed)
+      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode both --no-progress \
+        --out "$OUT/h100-seed" > "$OUT/bench_seed.log" 2>&1
+      echo "seed rc=$?"; tail -n 40 "$OUT/bench_seed.log" ;;
+    sweep)
+      timeout "${SWEEP_S:-500}" python3 -m benchmarks --no-progress --out "$OUT/h100-default" > "$OUT/bench_default.log" 2>&1
+      echo "sweep rc=$?"; tail -n 60 "$OUT/bench_default.log" ;;
+    *) echo "unknown step $step (tests | seed | sweep)"; exit 2 ;;
+  esac
+done
+# the device tool brings back at most 8 files: pack everything into one archive
+if [ -n "${PACK:-1}" ] && [ "${PACK:-1}" != 0 ]; then
+  tar czf "/tmp/gpu_results.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu_results.tgz "$OUT/gpu_results.tgz"
+  ls -la "$OUT"
+fi
