@@ -15,10 +15,12 @@ for step in "$@"; do
   case "$step" in
     tests)
       # in parallel first (compiles every kernel variant on many cores), then the accuracy table serially from the caches
-      timeout "${XDIST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 12 -rs tests > "$OUT/pytest_xdist.log" 2>&1
+      timeout "${XDIST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 12 -rfEs ${TESTS:-tests} > "$OUT/pytest_xdist.log" 2>&1
       echo "pytest -n 12 rc=$?"; grep -E "passed|failed|error" "$OUT/pytest_xdist.log" | tail -n 3
       grep -E "^(FAILED|ERROR)" "$OUT/pytest_xdist.log" | head -n 20
       grep -E "^SKIPPED" "$OUT/pytest_xdist.log" | sort | uniq -c | sort -rn | head -n 12
+      grep -E "^E  |Error:|assert" "$OUT/pytest_xdist.log" | head -n 30
+      [ "${SERIAL_S:-200}" = 0 ] && continue
       FA_ERROR_REPORT="$OUT/gpu_errors.json" timeout "${SERIAL_S:-200}" python3 -m pytest -q -p no:cacheprovider \
         tests/test_harness.py > "$OUT/pytest_harness_serial.log" 2>&1
       echo "harness serial rc=$?"; tail -n 3 "$OUT/pytest_harness_serial.log" ;;

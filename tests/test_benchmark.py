@@ -17,6 +17,8 @@ from benchmarks.targets import Target
 from flash_attention_py.common import attention_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# these tests are about the CPU sweep: pin the device so they mean the same on a GPU machine
+CPU = ["--device", "cpu"]
 TINY = ["--n", "16,32", "-b", "1", "--heads", "1", "-d", "16", "--repeats", "2", "--no-progress"]
 NUMBERS = ("time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "gflop", "tflops", "mem_peak_mb", "mem_extra_mb",
            "speedup_vs_naive")
@@ -48,8 +50,8 @@ def tiny_sweep(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("bench"))
     argv = ["--backends", "numpy-v2,torch-split,naive-torch,cuda-mma", "--causal", "both", "--dtype", "float32",
             "--out", out] + TINY
-    assert cli.main(argv) == 0
-    return out, argv
+    assert cli.main(CPU + argv) == 0
+    return out, CPU + argv
 
 
 def test_csv_json_png_written(tiny_sweep):
@@ -157,7 +159,7 @@ def test_failures_recorded_and_sweep_goes_on(tmp_path, monkeypatch):
     real = cli.build_targets
     monkeypatch.setattr(cli, "build_targets", lambda: real() + [_Flaky()])
     out = str(tmp_path)
-    assert cli.main(["--backends", "flaky,naive-torch", "--n", "16,24,32,40,48", "-b", "1", "--heads", "1", "-d", "16",
+    assert cli.main(CPU + ["--backends", "flaky,naive-torch", "--n", "16,24,32,40,48", "-b", "1", "--heads", "1", "-d", "16",
                      "--repeats", "1", "--dtype", "float32", "--out", out, "--no-progress", "--no-plots"]) == 0
     _, rows, _ = _read(out)
     got = {int(r["Nk"]): (r["status"], r["reason"]) for r in rows if r["backend"] == "flaky"}
@@ -171,7 +173,7 @@ def test_failures_recorded_and_sweep_goes_on(tmp_path, monkeypatch):
 
 def test_predicted_slow_case_is_skipped(tmp_path):
     out = str(tmp_path)
-    assert cli.main(["--backends", "numpy-v2", "--n", "16,2048", "-b", "1", "--heads", "1", "-d", "16", "--repeats", "1",
+    assert cli.main(CPU + ["--backends", "numpy-v2", "--n", "16,2048", "-b", "1", "--heads", "1", "-d", "16", "--repeats", "1",
                      "--max-call-s", "1e-6", "--out", out, "--no-progress", "--no-plots"]) == 0
     _, rows, _ = _read(out)
     assert [r["status"] for r in rows] == ["ok", "skipped"]
@@ -258,7 +260,7 @@ def test_gpu_timer_glue(monkeypatch):
 def test_cpu_naive_too_big_is_oom_not_run(tmp_path):
     """On a CPU a naive case whose score matrices cannot fit is recorded as OOM without being run."""
     out = str(tmp_path)
-    assert cli.main(["--backends", "naive-torch", "--n", "65536", "-b", "64", "--heads", "64", "-d", "16",
+    assert cli.main(CPU + ["--backends", "naive-torch", "--n", "65536", "-b", "64", "--heads", "64", "-d", "16",
                      "--out", out, "--no-progress", "--no-plots"]) == 0
     _, rows, _ = _read(out)
     assert [r["status"] for r in rows] == ["oom"] and "not run" in rows[0]["reason"]
