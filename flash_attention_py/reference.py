@@ -15,8 +15,11 @@ from .validation import array_kind, check_flag, check_qkv, resolve_softmax_scale
 __all__ = ["attention_reference", "attention_reference_grads", "attention_naive"]
 
 
-def _naive_torch(q, k, v, causal: bool, scale: float):
-    """softmax(q k^T * scale) v in q's dtype (torch tensors), rows that see no key give 0 / -inf."""
+def _naive_torch(q, k, v, causal: bool, scale: float, need_lse: bool = True):
+    """softmax(q k^T * scale) v in q's dtype (torch tensors), rows that see no key give 0 / -inf.
+
+    Returns (O, lse); lse is None unless ``need_lse`` (it costs another pass over S, in fp32 for fp16/bf16).
+    """
     import torch
 
     Nq, Nk = q.shape[-2], k.shape[-2]
@@ -26,9 +29,12 @@ def _naive_torch(q, k, v, causal: bool, scale: float):
         j = torch.arange(Nk, device=q.device)[None, :]
         S = S.masked_fill(j > i + (Nk - Nq), float("-inf"))
     # lse = log(sum_j exp(S_ij)), computed stably; -inf for a row that sees no key
-    lse = torch.logsumexp(S.float() if S.dtype in (torch.float16, torch.bfloat16) else S, dim=-1)
+    lse = None
+    if need_lse:
+        lse = torch.logsumexp(S.float() if S.dtype in (torch.float16, torch.bfloat16) else S, dim=-1)
     P = torch.softmax(S, dim=-1)
-    P = torch.nan_to_num(P, nan=0.0)  # softmax of an all -inf row is NaN: such a row attends to nothing
+    if causal and Nq > Nk:  # rows i < Nq - Nk see no key: softmax of an all -inf row is NaN; it attends to nothing
+        P = torch.nan_to_num(P, nan=0.0)
     return torch.matmul(P, v), lse
 
 
@@ -79,13 +85,15 @@ def attention_naive(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn)
     check_flag(causal, "causal", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    check_flag(return_lse, "return_lse", fn=fn)
     if array_kind(q) == "numpy":
         import torch
 
-        o, lse = _naive_torch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal, scale)
-        o, lse = o.numpy(), lse.numpy()
+        o, lse = _naive_torch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal, scale,
+                              return_lse)
+        o, lse = o.numpy(), (lse.numpy() if return_lse else None)
     else:
-        o, lse = _naive_torch(q, k, v, causal, scale)
+        o, lse = _naive_torch(q, k, v, causal, scale, return_lse)
     return (o, lse) if return_lse else o
 
 
@@ -105,7 +113,7 @@ def attention_reference_grads(q, k, v, do, *, causal=False, softmax_scale=None):
         lambda x: x.detach().to(torch.float64))
     q, k, v = (to64(x).requires_grad_(True) for x in (q, k, v))
     with torch.enable_grad():
-        o, _ = _naive_torch(q, k, v, causal, scale)
+        o, _ = _naive_torch(q, k, v, causal, scale, need_lse=False)
         o.backward(to64(do))
     grads = (q.grad, k.grad, v.grad)
     return tuple(g.numpy() for g in grads) if was_numpy else grads
