@@ -422,8 +422,11 @@ def grade_lab2(path, quick=False) -> int:
     import harness as H
 
     # Triton runs on a CPU only under its interpreter, chosen when a kernel is decorated: set it before
-    # loading the lab. Set TRITON_INTERPRET=0 yourself to run lab 2 natively on a GPU.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # loading the lab. With a CUDA GPU the lab runs natively there; TRITON_INTERPRET=1 forces the interpreter.
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     device = "cpu" if interp else "cuda"
     if not interp:
