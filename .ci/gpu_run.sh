@@ -4,6 +4,9 @@
 #   OUT=gpu_out bash .ci/gpu_run.sh tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #   OUT=gpu_out bash .ci/gpu_run.sh seed         # benchmark: the seed documents' configuration
 #   OUT=gpu_out bash .ci/gpu_run.sh sweep        # benchmark: the default GPU sweep
+#   OUT=gpu_out bash .ci/gpu_run.sh cuda         # CUDA ladder vs FA2 (with the config sweep), SASS counts,
+#                                                # host time per call
+#   OUT=gpu_out bash .ci/gpu_run.sh sanitizer    # compute-sanitizer memcheck + racecheck over every CUDA kernel
 # Each step has its own time limit, so one slow step cannot hide the others' results.
 set -u
 OUT=${OUT:-gpu_out}
@@ -31,7 +34,16 @@ for step in "$@"; do
     sweep)
       timeout "${SWEEP_S:-500}" python3 -m benchmarks --no-progress --out "$OUT/h100-default" > "$OUT/bench_default.log" 2>&1
       echo "sweep rc=$?"; tail -n 60 "$OUT/bench_default.log" ;;
-    *) echo "unknown step $step (tests | seed | sweep)"; exit 2 ;;
+    cuda)
+      timeout "${CUDA_S:-400}" python3 benchmarks/cuda_ladder_vs_fa2.py --sweep --out "$OUT/cuda" > "$OUT/cuda_ladder.log" 2>&1
+      echo "cuda ladder rc=$?"; grep -E "causal=|best" "$OUT/cuda_ladder.log"
+      python3 flash_attention_cuda/sass_summary.py --source mma.cu --source wgmma.cu --source tiled.cu > "$OUT/cuda/sass_summary.txt" 2>&1
+      python3 benchmarks/launch_overhead.py --profile > "$OUT/cuda/launch_overhead.txt" 2>&1
+      head -n 6 "$OUT/cuda/launch_overhead.txt" ;;
+    sanitizer)
+      timeout "${SANITIZER_S:-300}" python3 flash_attention_cuda/run_sanitizer.py --log-dir "$OUT/sanitizer"
+      echo "sanitizer rc=$?" ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | sanitizer)"; exit 2 ;;
   esac
 done
 # the device tool brings back at most 8 files: pack everything into one archive

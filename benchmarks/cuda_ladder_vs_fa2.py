@@ -1,13 +1,15 @@
-"""Time the CUDA ladder (naive, tiled, mma) beside PyTorch SDPA's FlashAttention-2 backend.
+"""Time the CUDA ladder (naive, tiled, mma, wgmma) beside PyTorch SDPA's FlashAttention-2 backend.
 
     PYTHONPATH=. python3 benchmarks/cuda_ladder_vs_fa2.py [--out docs/results/cuda] [--quick] [--sweep]
 
 Shapes (the issue's targets): B=4 H=32 D=64 and B=4 H=16 D=128, N = 2048, 4096, 8192, 16384
-(Nq = Nk), causal and not, fp16 for mma and SDPA (FLASH_ATTENTION backend), fp32 for naive and tiled.
+(Nq = Nk), causal and not, fp16 for mma, wgmma (Hopper only) and SDPA (FLASH_ATTENTION backend), fp32 for
+naive and tiled.
 The slow fp32 rungs are timed at N <= --slow-max-n (default 4096) only: at 16384 one naive call
 takes seconds. TFLOP/s = attention_flops (4·B·H·N²·D, x0.5 causal) / median time per call (CUDA events
 around back-to-back calls, after warm-up). Each mma result is also checked against SDPA's output (max-abs difference).
---sweep first times several mma (BC, warps, m16 tiles per warp) configurations per D at N=4096 and keeps the fastest.
+--sweep first times several mma (BC, warps, m16 tiles per warp) and wgmma (BC, warpgroups) configurations per D
+at N=4096 and keeps the fastest of each.
 Writes cuda_ladder.json and cuda_ladder.md to --out. Needs a GPU.
 """
 from __future__ import annotations
@@ -80,32 +82,49 @@ def versions():
     return info
 
 
-def sweep_mma(log):
-    """Time candidate (BC, NWARPS, MT) per D at N=4096, causal and not; keep the fastest in MMA_CONFIGS."""
-    candidates = {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)],
-                  128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]}
+def sweep_configs(kernel, configs, candidates, fields, log):
+    """Time candidate configs of one tensor-core rung per D at N=4096 (full + causal call); keep the fastest.
+
+    configs: the launcher's table (MMA_CONFIGS or WGMMA_CONFIGS), updated in place; fields: names of the
+    tuple's entries, for the JSON and the log.
+    """
     results = []
     for shape in SHAPES:
         D = shape["D"]
         q, k, v = (torch.randn(shape["B"], shape["H"], 4096, D, device="cuda", dtype=torch.float16) for _ in range(3))
         best = None
         for cfg in candidates[D]:
-            fac.MMA_CONFIGS[D] = cfg
+            configs[D] = cfg
             try:
                 tot = 0.0
                 for causal in (False, True):
-                    ms, _ = bench(lambda: flash_attn_cuda(q, k, v, causal=causal, kernel="mma"), max_reps=20, budget_s=0.3)
+                    ms, _ = bench(lambda: flash_attn_cuda(q, k, v, causal=causal, kernel=kernel), max_reps=20,
+                                  budget_s=0.3)
                     tot += ms
             except Exception as exc:  # e.g. too much shared memory for this config
-                log(f"sweep D={D} cfg={cfg}: failed: {str(exc).splitlines()[0][:200]}")
+                log(f"sweep {kernel} D={D} cfg={cfg}: failed: {str(exc).splitlines()[0][:200]}")
                 continue
-            results.append(dict(D=D, BC=cfg[0], NWARPS=cfg[1], MT=cfg[2], ms_full_plus_causal=tot))
-            log(f"sweep D={D} BC={cfg[0]} NWARPS={cfg[1]} MT={cfg[2]}: {tot:.3f} ms (full + causal, N=4096)")
+            results.append(dict(kernel=kernel, D=D, **dict(zip(fields, cfg)), ms_full_plus_causal=tot))
+            log(f"sweep {kernel} D={D} " + " ".join(f"{f}={c}" for f, c in zip(fields, cfg))
+                + f": {tot:.3f} ms (full + causal, N=4096)")
             if best is None or tot < best[0]:
                 best = (tot, cfg)
-        fac.MMA_CONFIGS[D] = best[1]
-        log(f"sweep D={D}: best {best[1]}")
+        configs[D] = best[1]
+        log(f"sweep {kernel} D={D}: best {best[1]}")
     return results
+
+
+def sweep_mma(log):
+    """mma: (BC, NWARPS, MT) candidates."""
+    candidates = {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)],
+                  128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]}
+    return sweep_configs("mma", fac.MMA_CONFIGS, candidates, ("BC", "NWARPS", "MT"), log)
+
+
+def sweep_wgmma(log):
+    """wgmma: (BC, NWG warpgroups) candidates."""
+    candidates = {64: [(128, 2), (64, 2), (128, 3)], 128: [(128, 2), (64, 2), (64, 3)]}
+    return sweep_configs("wgmma", fac.WGMMA_CONFIGS, candidates, ("BC", "NWG"), log)
 
 
 def main():
@@ -124,7 +143,8 @@ def main():
 
     info = versions()
     log(json.dumps(info))
-    sweep = sweep_mma(log) if args.sweep else []
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    sweep = (sweep_mma(log) + (sweep_wgmma(log) if hopper else [])) if args.sweep else []
     ns = NS[:2] if args.quick else NS
     rows = []
     for shape in SHAPES:
@@ -141,6 +161,13 @@ def main():
                 row["mma_vs_fa2"] = row["mma_tflops"] / row["fa2_tflops"]
                 row["mma_max_abs_vs_fa2"] = (flash_attn_cuda(q16, k16, v16, causal=causal, kernel="mma").float()
                                              - sdpa_fa2(q16, k16, v16, causal).float()).abs().max().item()
+                if hopper:
+                    ms, _ = bench(lambda: flash_attn_cuda(q16, k16, v16, causal=causal, kernel="wgmma"))
+                    row["wgmma_ms"], row["wgmma_tflops"] = ms, flops / ms / 1e9
+                    row["wgmma_vs_fa2"] = row["wgmma_tflops"] / row["fa2_tflops"]
+                    row["wgmma_max_abs_vs_fa2"] = (
+                        flash_attn_cuda(q16, k16, v16, causal=causal, kernel="wgmma").float()
+                        - sdpa_fa2(q16, k16, v16, causal).float()).abs().max().item()
                 if N <= args.slow_max_n:
                     q32, k32, v32 = q16.float(), k16.float(), v16.float()
                     for rung in ("tiled", "naive"):
@@ -151,11 +178,14 @@ def main():
                 rows.append(row)
                 log(f"B={B} H={H} D={D} N={N:>5} causal={causal!s:<5}  FA2 {row['fa2_tflops']:6.1f}  "
                     f"mma {row['mma_tflops']:6.1f} ({row['mma_vs_fa2']:.2f}x, diff {row['mma_max_abs_vs_fa2']:.1e})  "
+                    f"wgmma {row.get('wgmma_tflops', float('nan')):6.1f} ({row.get('wgmma_vs_fa2', float('nan')):.2f}x, "
+                    f"diff {row.get('wgmma_max_abs_vs_fa2', float('nan')):.1e})  "
                     f"tiled {row.get('tiled_tflops', float('nan')):6.2f}  naive {row.get('naive_tflops', float('nan')):6.2f}")
             del q16, k16, v16
             torch.cuda.empty_cache()
     command = "PYTHONPATH=. python3 benchmarks/cuda_ladder_vs_fa2.py " + " ".join(sys.argv[1:])
     result = dict(info=info, command=command, mma_configs={str(k): v for k, v in fac.MMA_CONFIGS.items()},
+                  wgmma_configs={str(k): v for k, v in fac.WGMMA_CONFIGS.items()},
                   sweep=sweep, rows=rows, unit="TFLOP/s = attention_flops / median time",
                   slow_rungs_max_n=args.slow_max_n)
     with open(os.path.join(args.out, "cuda_ladder.json"), "w") as f:
@@ -164,12 +194,15 @@ def main():
           f"GPU: {info['gpu']}; torch {info['torch']} (CUDA {info['cuda_torch']}), CuPy {info['cupy']}, "
           f"NVRTC {info['nvrtc']}, driver {info['cuda_driver']}.\n",
           f"Reproduce: `{command}`\n",
-          f"mma and FA2 in fp16; tiled and naive in fp32 (timed at N <= {args.slow_max_n} only). "
-          f"mma configs (BC keys per tile, warps, m16 tiles per warp; Br = 16 x tiles x warps): {result['mma_configs']}.\n",
-          "| B | H | D | N | causal | FA2 | mma | mma / FA2 | tiled | naive |", "|---|---|---|---|---|---|---|---|---|---|"]
+          f"wgmma, mma and FA2 in fp16; tiled and naive in fp32 (timed at N <= {args.slow_max_n} only). "
+          f"mma configs (BC keys per tile, warps, m16 tiles per warp; Br = 16 x tiles x warps): {result['mma_configs']}; "
+          f"wgmma configs (BC, warpgroups; Br = 64 x warpgroups): {result['wgmma_configs']}.\n",
+          "| B | H | D | N | causal | FA2 | wgmma | wgmma / FA2 | mma | mma / FA2 | tiled | naive |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = lambda key: f"{r[key]:.2f}" if key in r else "–"  # noqa: E731
-        md.append(f"| {r['B']} | {r['H']} | {r['D']} | {r['N']} | {r['causal']} | {r['fa2_tflops']:.1f} | "
+        w = (f"{r['wgmma_tflops']:.1f} | {r['wgmma_vs_fa2']:.2f}x") if "wgmma_tflops" in r else "– | –"
+        md.append(f"| {r['B']} | {r['H']} | {r['D']} | {r['N']} | {r['causal']} | {r['fa2_tflops']:.1f} | {w} | "
                   f"{r['mma_tflops']:.1f} | {r['mma_vs_fa2']:.2f}x | {f('tiled_tflops')} | {f('naive_tflops')} |")
     with open(os.path.join(args.out, "cuda_ladder.md"), "w") as f:
         f.write("\n".join(md) + "\n")

@@ -1,12 +1,15 @@
 """Compile, cache and launch the CUDA kernels of ``kernels/*.cu`` through CuPy.
 
-* Sources: ``kernels/{naive,tiled,mma,backward}.cu`` plus ``kernels/common.cuh`` (inlined here, so the
-  compiled-module cache keys on the full text). They include no host header: NVRTC compiles them at
-  run time, ``nvcc -cubin`` in the tests.
+* Sources: ``kernels/{naive,tiled,mma,wgmma,backward}.cu`` plus the project headers ``kernels/*.cuh``
+  (inlined here, so the compiled-module cache keys on the full text). They include no host header:
+  NVRTC compiles them at run time, ``nvcc -cubin`` in the tests.
+* wgmma.cu uses Hopper-only instructions, so it is compiled for ``sm_90a`` by NVRTC directly (CuPy's
+  RawModule always names the plain ``sm_XX`` target) and loaded from the cubin.
 * Templates: each launch names one instantiation (``"mma_fwd<128, 64, 4, false>"``) through
   ``cupy.RawModule(name_expressions=...)``; the compiled kernel is cached per (source, name, device).
-* Zero copy: torch tensors reach CuPy through DLPack (``cupy.from_dlpack``); fp16/bf16 travel as
-  int16 views (CuPy has no bfloat16), which is the same memory.
+* Zero copy: the forward kernels get raw device pointers (``tensor.data_ptr()``), the cheapest way
+  through CuPy's launcher; the backward passes torch tensors through DLPack (``cupy.from_dlpack``),
+  fp16/bf16 as int16 views (CuPy has no bfloat16), which is the same memory.
 * Streams: kernels run on torch's current stream (``cupy.cuda.ExternalStream``), or on CuPy's current
   stream for CuPy inputs.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import warnings
 from dataclasses import dataclass
@@ -22,10 +26,13 @@ from typing import Optional
 from flash_attention_py.validation import (array_kind, check_flag, check_qkv, device_of, dtype_name,
                                            resolve_softmax_scale)
 
-__all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "KERNELS", "RUNGS", "supported_text", "MMA_CONFIGS"]
+__all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "KERNELS", "RUNGS", "supported_text", "MMA_CONFIGS",
+           "WGMMA_CONFIGS"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "backward.cu")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu")
+HEADERS = ("common.cuh", "ptx.cuh")
+HOPPER_SOURCES = ("wgmma.cu",)  # sm_90a only
 
 FN = "flash_attn_cuda"
 
@@ -58,14 +65,22 @@ RUNGS = {
                   "block-cooperative tiles, warp-shuffle row max/sum, float4 loads (the four device functions)"),
     "mma": Rung("mma", "mma.cu", ("float16", "bfloat16"), (64, 128), 128,
                 "tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffering, swizzled shared memory"),
+    "wgmma": Rung("wgmma", "wgmma.cu", ("float16", "bfloat16"), (64, 128), 128,
+                  "Hopper tensor cores (sm_90a only): warpgroup wgmma.mma_async from shared-memory descriptors, "
+                  "softmax overlapped with the next product"),
 }
-KERNELS = tuple(RUNGS)  # ('naive', 'tiled', 'mma'); kernel='auto' picks mma for fp16/bf16, else tiled
+KERNELS = tuple(RUNGS)  # ('naive', 'tiled', 'mma', 'wgmma')
+# kernel='auto': wgmma on a Hopper GPU (compute capability 9.0), else mma, for fp16/bf16 with D 64 or 128;
+# tiled otherwise.
+HOPPER_ONLY = {"wgmma": "90"}
 BACKWARD_MAX_HEAD_DIM = 128
 
 # mma: (BC keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
 # A block holds Br = 16 * tiles * warps query rows.
 # Chosen by `benchmarks/cuda_ladder_vs_fa2.py --sweep` on an H100 (docs/results/cuda/cuda_ladder.json).
 MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
+# wgmma: (BC keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
+WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
 
 
 def supported_text() -> str:
@@ -85,12 +100,50 @@ _KERNEL_CACHE: dict = {}  # (source, name expression, device id) -> cupy.RawKern
 
 
 def read_source(source: str) -> str:
-    """The .cu text with ``#include "common.cuh"`` inlined (what NVRTC compiles)."""
-    with open(os.path.join(KERNEL_DIR, source)) as f:
-        text = f.read()
-    with open(os.path.join(KERNEL_DIR, "common.cuh")) as f:
-        common = f.read()
-    return text.replace('#include "common.cuh"', common)
+    """The .cu text with the project's ``#include "x.cuh"`` inlined, each header once (what NVRTC compiles)."""
+    seen = set()
+
+    def expand(fname):
+        with open(os.path.join(KERNEL_DIR, fname)) as f:
+            text = f.read()
+        out = []
+        for line in text.splitlines(keepends=True):
+            m = re.match(r'\s*#\s*include\s+"([\w.]+\.cuh)"', line)
+            if m:
+                if m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    out.append(expand(m.group(1)))
+                continue
+            out.append(line)
+        return "".join(out)
+
+    return expand(source)
+
+
+def _load_sm90a(code: str, name: str):
+    """Compile ``code`` for sm_90a with NVRTC, load the cubin, return the kernel ``name`` (a RawKernel)."""
+    import tempfile
+
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(code, "wgmma.cu", (), ())
+    try:
+        nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, ("--std=c++17", "-arch=sm_90a", "--device-as-default-execution-space"))
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed to compile {name} for sm_90a:\n{nvrtc.getProgramLog(prog)}") from exc
+        lowered = nvrtc.getLoweredName(prog, name)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "wgmma.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        module = cupy.RawModule(path=path)  # loads the cubin now
+        return module.get_function(lowered)
 
 
 def get_kernel(source: str, name: str, device_id: int):
@@ -104,11 +157,21 @@ def get_kernel(source: str, name: str, device_id: int):
             kern = _KERNEL_CACHE.get(key)
             if kern is None:
                 with cupy.cuda.Device(device_id):
-                    module = cupy.RawModule(code=read_source(source), options=("--std=c++17",),
-                                            name_expressions=[name])
-                    kern = module.get_function(name)
+                    if source == "wgmma.cu":
+                        kern = _load_sm90a(read_source(source), name)
+                    else:
+                        module = cupy.RawModule(code=read_source(source), options=("--std=c++17",),
+                                                name_expressions=[name])
+                        kern = module.get_function(name)
                 _KERNEL_CACHE[key] = kern
     return kern
+
+
+def compute_capability(device_id: int) -> str:
+    """'90' for an H100, '80' for an A100 (CuPy's spelling)."""
+    import cupy
+
+    return cupy.cuda.Device(device_id).compute_capability
 
 
 # ------------------------------------------------------------------------------------ array plumbing
@@ -203,8 +266,11 @@ def _check_inputs(q, k, v, kernel, fn=FN):
     if kernel != "auto" and kernel not in RUNGS:
         raise ValueError(f"{fn}: unknown kernel {kernel!r}; expected 'auto' or one of {', '.join(KERNELS)}")
     dt = dtype_name(q)
+    dev = device_of(q)
     if kernel == "auto":
         kernel = "mma" if (dt in ("float16", "bfloat16") and dims.D in RUNGS["mma"].head_dims) else "tiled"
+        if kernel == "mma" and dev.startswith("cuda") and _device_cc(q) == HOPPER_ONLY["wgmma"]:
+            kernel = "wgmma"
         if not RUNGS[kernel].supports(dt, dims.D):
             raise ValueError(f"{fn}: no kernel takes dtype {dt} with head dim D = {dims.D}; "
                              f"supported: {supported_text()}")
@@ -213,47 +279,83 @@ def _check_inputs(q, k, v, kernel, fn=FN):
             f"{fn}: kernel {kernel!r} does not support dtype {dt} with head dim D = {dims.D}; "
             f"it supports {RUNGS[kernel].text()} (all kernels: {supported_text()})"
         )
-    dev = device_of(q)
     if not dev.startswith("cuda"):
         raise ValueError(f"{fn}: q, k and v must be on a CUDA device, got {dev}; move them with .cuda()")
+    if kernel in HOPPER_ONLY and _device_cc(q) != HOPPER_ONLY[kernel]:
+        raise ValueError(f"{fn}: kernel {kernel!r} runs only on compute capability {HOPPER_ONLY[kernel]} "
+                         f"(Hopper: H100/H200, sm_90a); this GPU has {_device_cc(q)}. Use kernel='mma'")
     return dims, kernel
 
 
+_CC: dict = {}  # device index -> compute capability
+
+
+def _device_cc(x) -> str:
+    if array_kind(x) == "torch":
+        idx = x.device.index if x.device.index is not None else __import__("torch").cuda.current_device()
+    else:
+        idx = x.device.id
+    if idx not in _CC:
+        _CC[idx] = compute_capability(idx)
+    return _CC[idx]
+
+
 # ------------------------------------------------------------------------------------ forward
+def _ptr(x) -> int:
+    """Device address of a torch tensor or CuPy array: kernels take raw pointers (a Python int is passed as
+    8 bytes), which skips building CuPy views of torch tensors on every call."""
+    return x.data_ptr() if array_kind(x) == "torch" else int(x.data.ptr)
+
+
+_SMEM_SET: set = set()  # kernels whose dynamic shared-memory limit was raised already
+
+
+def _launch_tensor_core(ctx, kern, grid, block, args, smem):
+    if smem > 48 * 1024 and id(kern) not in _SMEM_SET:
+        if kern.max_dynamic_shared_size_bytes < smem:
+            kern.max_dynamic_shared_size_bytes = smem
+        _SMEM_SET.add(id(kern))
+    ctx.run(kern, grid, block, args, shared_mem=smem)
+
+
 def _forward(q, k, v, causal: bool, scale: float, kernel: str, dims):
     """Launch one forward kernel; q, k, v contiguous. Returns (o in q's dtype, lse float32)."""
     B, H, Nq, Nk, D = dims
     ctx = _Ctx(q)
     o = _empty(q, (B, H, Nq, D), dtype_name(q))
     lse = _empty(q, (B, H, Nq), "float32")
-    cq, ck, cv, co, clse = (_as_cupy(x) for x in (q, k, v, o, lse))
+    pq, pk, pv, po, plse = (_ptr(x) for x in (q, k, v, o, lse))
     if kernel == "naive":
         dp, bc, br = _pad_dim(D), 32, 64
         kern = get_kernel("naive.cu", f"naive_fwd<{dp}, {bc}, {br}>", ctx.device_id)
         ctx.run(kern, ((Nq + br - 1) // br, B * H), (br,),
-                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal))))
+                (pq, pk, pv, po, plse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal))))
     elif kernel == "tiled":
         dp = _pad_dim(D)
         rows = 4 if dp == 128 else 8
         br = 4 * rows
-        vec4 = D % 4 == 0 and all(int(x.data.ptr) % 16 == 0 for x in (cq, ck, cv))
+        vec4 = D % 4 == 0 and all(p % 16 == 0 for p in (pq, pk, pv))
         kern = get_kernel("tiled.cu", f"tiled_fwd<{dp}, {rows}>", ctx.device_id)
         ctx.run(kern, ((Nq + br - 1) // br, B * H), (128,),
-                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal)),
+                (pq, pk, pv, po, plse, _i32(Nq), _i32(Nk), _i32(D), _f32(scale), _i32(int(causal)),
                  _i32(int(vec4))))
-    elif kernel == "mma":
-        bc, nw, mt = MMA_CONFIGS[D]
-        br = 16 * mt * nw
+    elif kernel in ("mma", "wgmma"):
         bf16 = "true" if dtype_name(q) == "bfloat16" else "false"
-        kern = get_kernel("mma.cu", f"mma_fwd<{D}, {bc}, {nw}, {mt}, {bf16}>", ctx.device_id)
-        smem = (br + 4 * bc) * D * 2  # Q tile + 2 x (K tile + V tile), 16-bit elements
-        if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
-            kern.max_dynamic_shared_size_bytes = smem
+        if kernel == "mma":
+            bc, nw, mt = MMA_CONFIGS[D]
+            br, threads = 16 * mt * nw, 32 * nw
+            kern = get_kernel("mma.cu", f"mma_fwd<{D}, {bc}, {nw}, {mt}, {bf16}>", ctx.device_id)
+            smem = (br + 4 * bc) * D * 2  # Q tile + 2 x (K tile + V tile), 16-bit elements
+        else:
+            bc, nwg = WGMMA_CONFIGS[D]
+            br, threads = 64 * nwg, 128 * nwg
+            kern = get_kernel("wgmma.cu", f"wgmma_fwd<{D}, {bc}, {nwg}, {bf16}>", ctx.device_id)
+            smem = (br + 4 * bc) * D * 2 + 1024  # the same, plus room to align the tiles to 1024 bytes
         # scores are taken in log2 units; a negative scale is applied as |scale| on -q
         scale2 = max(abs(scale) * math.log2(math.e), 1e-30)
-        ctx.run(kern, ((Nq + br - 1) // br, B * H), (32 * nw,),
-                (cq, ck, cv, co, clse, _i32(Nq), _i32(Nk), _f32(scale2), _i32(int(causal)),
-                 _i32(int(scale < 0))), shared_mem=smem)
+        _launch_tensor_core(ctx, kern, ((Nq + br - 1) // br, B * H), (threads,),
+                            (pq, pk, pv, po, plse, _i32(Nq), _i32(Nk), _f32(scale2), _i32(int(causal)),
+                             _i32(int(scale < 0))), smem)
     else:  # pragma: no cover - checked before
         raise AssertionError(kernel)
     return o, lse
@@ -368,8 +470,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
            CuPy arrays, one dtype.
         causal: bottom-right aligned mask, query i sees key j iff j <= i + Nk - Nq.
         softmax_scale: defaults to 1/sqrt(D).
-        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D in {64, 128}) | 'auto'
-                (mma for fp16/bf16 with D 64 or 128, else tiled).
+        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D in {64, 128}) |
+                'wgmma' (fp16/bf16, D in {64, 128}, Hopper only) | 'auto' (for fp16/bf16 with D 64 or 128:
+                wgmma on a Hopper GPU, else mma; otherwise tiled).
         return_lse: also return lse (B, H, Nq) float32 = log(sum_j exp(scaled score)).
 
     Returns O (B, H, Nq, D) in q's dtype (and lse). A row that sees no key gives O = 0, lse = -inf.

@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 flash_attention_cuda/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
 
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
-its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma fp16 and bf16,
-and the seed demo kernel) and the backward kernels at small odd shapes: N = 100 (and Nq != Nk),
+its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
+(on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels at small odd shapes: N = 100 (and Nq != Nk),
 D = 64 (and odd D for the fp32 rungs), causal and not. Exit status 0 only if every tool reports
 0 errors. Needs a GPU.
 """
@@ -29,11 +29,16 @@ def inner() -> int:
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from flash_attention_cuda import RUNGS, flash_attn_cuda, flash_attn_cuda_backward, seed_nomax_forward
+    from flash_attention_cuda.launcher import HOPPER_ONLY, compute_capability
     from flash_attention_py import make_inputs
+
+    cc = compute_capability(torch.cuda.current_device())
 
     n = 0
     for B, H, Nq, Nk, D in CASES:
         for kernel, rung in RUNGS.items():
+            if kernel in HOPPER_ONLY and cc != HOPPER_ONLY[kernel]:
+                continue  # wgmma: sm_90a only
             for dtype in rung.dtypes:
                 if not rung.supports(dtype, D):
                     continue

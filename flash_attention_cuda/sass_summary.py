@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 flash_attention_cuda/sass_summary.py [--arch sm_90] [--source mma.cu]
 
 Builds the .cu with ``nvcc -cubin --resource-usage`` and prints, per kernel, its registers/spills and
-how many HMMA (tensor-core mma), LDSM (ldmatrix), LDGSTS (cp.async), MUFU (exp2/log2/rcp), BAR,
+how many HGMMA (wgmma), WARPGROUP (wgmma fence/wait), HMMA (tensor-core mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), MUFU (exp2/log2/rcp), BAR,
 SHFL, LDL/STL (local memory: spills) instructions it contains.
 """
 import argparse
@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-OPS = ["HMMA", "LDSM", "LDGSTS", "LDS", "STS", "LDG", "STG", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP",
+OPS = ["HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "LDS", "STS", "LDG", "STG", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP",
        "SHFL", "BAR", "LDL", "STL"]
 
 
@@ -27,9 +27,11 @@ def main():
     for source in args.source or ["mma.cu", "tiled.cu"]:
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
-            res = subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-std=c++17", "--resource-usage", "-o", cubin,
+            arch = "sm_90a" if source == "wgmma.cu" else args.arch  # Hopper-only instructions
+            target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
+            res = subprocess.run(["nvcc", "-cubin", *target, "-std=c++17", "--resource-usage", "-o", cubin,
                                   os.path.join(KERNEL_DIR, source)], capture_output=True, text=True)
-            print(f"== {source} ({args.arch})")
+            print(f"== {source} ({arch})")
             for line in (res.stdout + res.stderr).splitlines():
                 if "registers" in line or "spill" in line or "error" in line:
                     print("  " + line.strip())

@@ -130,6 +130,17 @@ def _cuda_probe(device: str) -> Optional[str]:
     return cuda_unavailable_reason()
 
 
+def _cuda_hopper_probe(device: str) -> Optional[str]:
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        import torch
+
+        cc = torch.cuda.get_device_capability()
+        if cc != (9, 0):
+            reason = f"needs a Hopper GPU (compute capability 9.0, sm_90a); this one has {cc[0]}.{cc[1]}"
+    return reason
+
+
 _NP = ("float16", "float32", "float64")
 _TORCH = ("float16", "bfloat16", "float32", "float64")
 
@@ -187,6 +198,12 @@ BACKENDS = (
         description="CUDA through CuPy: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async)",
         target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "mma"},
         dtypes={"cuda": ("float16", "bfloat16")}, backward=True, head_dims=(64, 128), probe=_cuda_probe,
+    ),
+    Backend(
+        name="cuda-wgmma", rung="cuda",
+        description="CUDA through CuPy: Hopper tensor cores (wgmma.mma_async, sm_90a)",
+        target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "wgmma"},
+        dtypes={"cuda": ("float16", "bfloat16")}, backward=True, head_dims=(64, 128), probe=_cuda_hopper_probe,
     ),
 )
 

@@ -17,18 +17,27 @@ from flash_attention_cuda import launcher
 NVCC = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("source", launcher.SOURCES)
+# wgmma.cu holds Hopper-only instructions: it is built for sm_90a alone (the -gencode spelling: with nvcc 13.0
+# "-arch=sm_90a" also runs a plain sm_90 pass, which rejects wgmma).
+PAIRS = [(s, a) for s in launcher.SOURCES if s not in launcher.HOPPER_SOURCES for a in ("sm_80", "sm_90")] + \
+        [(s, "sm_90a") for s in launcher.HOPPER_SOURCES]
+
+
+@pytest.mark.parametrize("source,arch", PAIRS)
 def test_nvcc_cubin_no_errors_no_warnings(source, arch, tmp_path):
     if NVCC is None:
         pytest.skip("nvcc not found (set NVCC or put it on PATH)")
     out = tmp_path / (source + f".{arch}.cubin")
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-Werror",
-           "-o", str(out), os.path.join(launcher.KERNEL_DIR, source)]
+    target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
+    # ptxas's performance advisories (e.g. C7514 "wgmma serialized") are printed as info: fail on them too
+    cmd = [NVCC, "-cubin", *target, "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-Werror",
+           "-Xptxas", "-v", "-o", str(out), os.path.join(launcher.KERNEL_DIR, source)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     text = (res.stdout + res.stderr).strip()
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{text}"
     assert "warning" not in text.lower(), f"{' '.join(cmd)} warned:\n{text}"
+    advisories = [ln for ln in text.splitlines() if re.search(r"Performance Loss|\(C7519\)", ln)]
+    assert not advisories, "ptxas advisories:\n" + "\n".join(advisories)
     assert out.stat().st_size > 0
 
 
@@ -57,6 +66,8 @@ def test_launcher_configs_are_instantiated_for_nvcc():
               "tiled.cu": {"tiled_fwd<32, 8>", "tiled_fwd<64, 8>", "tiled_fwd<128, 4>"},
               "mma.cu": {f"mma_fwd<{D}, {bc}, {nw}, {mt}, {bf}>" for D, (bc, nw, mt) in launcher.MMA_CONFIGS.items()
                          for bf in ("false", "true")},
+              "wgmma.cu": {f"wgmma_fwd<{D}, {bc}, {nwg}, {bf}>" for D, (bc, nwg) in launcher.WGMMA_CONFIGS.items()
+                           for bf in ("false", "true")},
               "backward.cu": {"bwd_dkdv<32, 32>", "bwd_dkdv<64, 32>", "bwd_dkdv<128, 16>",
                               "bwd_dq<32, 32>", "bwd_dq<64, 32>", "bwd_dq<128, 16>"}}
     for source, names in wanted.items():
@@ -65,8 +76,15 @@ def test_launcher_configs_are_instantiated_for_nvcc():
 
 
 def test_sources_include_no_host_headers():
-    """NVRTC has no host headers: the only #include is the project's own common.cuh."""
-    for source in launcher.SOURCES + ("common.cuh",):
+    """NVRTC has no host headers: the only #includes are the project's own headers (common.cuh, ptx.cuh)."""
+    for source in launcher.SOURCES + launcher.HEADERS:
         text = open(os.path.join(launcher.KERNEL_DIR, source)).read()
         includes = re.findall(r'^\s*#\s*include\s*(.+)$', text, re.M)
-        assert all(inc.strip() == '"common.cuh"' for inc in includes), f"{source} includes {includes}"
+        allowed = {f'"{h}"' for h in launcher.HEADERS}
+        assert all(inc.strip() in allowed for inc in includes), f"{source} includes {includes}"
+
+
+def test_read_source_inlines_headers_once():
+    text = launcher.read_source("wgmma.cu")
+    assert not re.search(r"^\s*#\s*include", text, re.M)
+    assert text.count("namespace ptx {") == 1 and text.count("namespace fa {") == 1

@@ -14,13 +14,16 @@ import pytest
 import torch
 
 from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
-from flash_attention_py.registry import cuda_unavailable_reason
+from flash_attention_py.registry import _cuda_hopper_probe, cuda_unavailable_reason
 
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+HOPPER_REASON = _cuda_hopper_probe("cuda")
+hopper = pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}")
+WGMMA = pytest.param("wgmma", marks=hopper)
 
 
 def _inputs(B, H, Nq, Nk, D, dtype="float32", seed=None):
@@ -67,7 +70,8 @@ def test_numpy_and_shape_errors():
 
 
 def test_rung_table():
-    assert fac.KERNELS == ("naive", "tiled", "mma")
+    assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma")
+    assert fac.RUNGS["wgmma"].supports("float16", 64) and not fac.RUNGS["wgmma"].supports("float16", 96)
     assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
 
 
@@ -96,7 +100,8 @@ def test_seed_kernel_overflows_and_ours_does_not():
 
 @gpu
 @pytest.mark.parametrize("kernel,dtype", [("naive", "float32"), ("tiled", "float32"), ("mma", "float16"),
-                                          ("mma", "bfloat16")])
+                                          ("mma", "bfloat16"), pytest.param("wgmma", "float16", marks=hopper),
+                                          pytest.param("wgmma", "bfloat16", marks=hopper)])
 @pytest.mark.parametrize("scale", [-0.3, 0.0, 2.5])
 def test_unusual_scales(kernel, dtype, scale):
     q, k, v, _ = _inputs(2, 2, 77, 130, 64, dtype)
@@ -169,7 +174,8 @@ def test_runs_on_torch_current_stream():
 
 @gpu
 @pytest.mark.parametrize("kernel,dtype,D", [("naive", "float32", 40), ("tiled", "float32", 128),
-                                            ("mma", "float16", 64), ("mma", "bfloat16", 128)])
+                                            ("mma", "float16", 64), ("mma", "bfloat16", 128),
+                                            pytest.param("wgmma", "float16", 128, marks=hopper)])
 def test_autograd_backward(kernel, dtype, D):
     q, k, v, do = _inputs(2, 2, 97, 131, D, dtype)
     for causal in (False, True):
@@ -186,32 +192,65 @@ def test_autograd_backward(kernel, dtype, D):
 @gpu
 def test_rows_that_see_no_key():
     q, k, v, _ = _inputs(1, 2, 40, 9, 64, "float16")
-    for kernel, dt in (("naive", torch.float32), ("tiled", torch.float32), ("mma", torch.float16)):
+    kernels = [("naive", torch.float32), ("tiled", torch.float32), ("mma", torch.float16)]
+    kernels += [("wgmma", torch.float16)] if HOPPER_REASON is None else []
+    for kernel, dt in kernels:
         o, lse = flash_attn_cuda(q.to(dt), k.to(dt), v.to(dt), causal=True, kernel=kernel, return_lse=True)
         assert torch.isneginf(lse[:, :, :31]).all() and (o[:, :, :31] == 0).all(), kernel
         assert torch.isfinite(lse[:, :, 31:]).all(), kernel
 
 
 @gpu
-def test_mma_long_sequence_matches_reference():
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_long_sequence_matches_reference(kernel):
     q, k, v, _ = _inputs(1, 2, 1500, 2100, 128, "float16")
     for causal in (False, True):
-        o = flash_attn_cuda(q, k, v, causal=causal)
+        o = flash_attn_cuda(q, k, v, causal=causal, kernel=kernel)
         assert _err(o, attention_reference(q, k, v, causal=causal)) < 5e-3
 
 
+MMA_SWEEP = [(64, c) for c in [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)]] + \
+            [(128, c) for c in [(128, 8, 1), (64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2)]]
+WGMMA_SWEEP = [(64, c) for c in [(128, 2), (64, 2), (128, 3)]] + [(128, c) for c in [(128, 2), (64, 2), (64, 3)]]
+
+
 @gpu
-@pytest.mark.parametrize("D,config", [(64, c) for c in [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)]]
-                         + [(128, c) for c in [(128, 8, 1), (64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2)]])
-def test_mma_every_benchmarked_config(D, config, monkeypatch):
-    """Every (BC, warps, m16 tiles per warp) the benchmark sweep tries is right at odd shapes too."""
-    monkeypatch.setitem(fac.MMA_CONFIGS, D, config)
-    for Nq, Nk in ((100, 100), (37, 300), (300, 37)):
+@pytest.mark.parametrize("kernel,D,config", [("mma", D, c) for D, c in MMA_SWEEP]
+                         + [pytest.param("wgmma", D, c, marks=hopper) for D, c in WGMMA_SWEEP])
+def test_every_benchmarked_config(kernel, D, config, monkeypatch):
+    """Every config the benchmark sweep tries (mma: BC, warps, m16 tiles per warp; wgmma: BC, warpgroups)
+    is right at odd shapes too, with one and several K/V tiles."""
+    monkeypatch.setitem(fac.MMA_CONFIGS if kernel == "mma" else fac.WGMMA_CONFIGS, D, config)
+    for Nq, Nk in ((100, 100), (37, 300), (300, 37), (1, 517), (450, 450)):
         q, k, v, _ = _inputs(2, 2, Nq, Nk, D, "float16")
         for causal in (False, True):
-            o, lse = flash_attn_cuda(q, k, v, causal=causal, return_lse=True)
+            o, lse = flash_attn_cuda(q, k, v, causal=causal, return_lse=True, kernel=kernel)
             o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
             assert _err(o, o_ref) < 5e-3, (Nq, Nk, causal)
             fin = torch.isfinite(lse_ref)
             assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
             assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < 1e-3
+
+
+@hopper
+def test_auto_picks_wgmma_on_hopper(monkeypatch):
+    calls = []
+    real = fac.launcher._forward
+    monkeypatch.setattr(fac.launcher, "_forward", lambda *a: calls.append(a[5]) or real(*a))
+    q, k, v, _ = _inputs(1, 2, 64, 64, 64, "float16")
+    flash_attn_cuda(q, k, v)
+    assert calls == ["wgmma"]
+
+
+@gpu
+def test_wgmma_refused_off_hopper(monkeypatch):
+    """On any GPU but compute capability 9.0 the sm_90a kernel cannot load: a clear error, not a crash."""
+    monkeypatch.setattr(fac.launcher, "_device_cc", lambda x: "80")
+    q, k, v, _ = _inputs(1, 2, 16, 16, 64, "float16")
+    with pytest.raises(ValueError, match=r"kernel 'wgmma' runs only on compute capability 90.*has 80"):
+        flash_attn_cuda(q, k, v, kernel="wgmma")
+    calls = []
+    real = fac.launcher._forward
+    monkeypatch.setattr(fac.launcher, "_forward", lambda *a: calls.append(a[5]) or real(*a))
+    flash_attn_cuda(q, k, v)  # auto falls back to mma
+    assert calls == ["mma"]
