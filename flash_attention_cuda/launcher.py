@@ -23,15 +23,15 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from flash_attention_py.validation import (array_kind, check_flag, check_qkv, device_of, dtype_name,
-                                           resolve_softmax_scale)
+from flash_attention_py.validation import (array_kind, check_flag, check_qkv, check_same_as, device_of,
+                                           dtype_name, resolve_softmax_scale)
 
 __all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "KERNELS", "RUNGS", "supported_text", "MMA_CONFIGS",
            "WGMMA_CONFIGS"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu")
-HEADERS = ("common.cuh", "ptx.cuh")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu", "mma_backward.cu")
+HEADERS = ("common.cuh", "ptx.cuh", "smem_tiles.cuh")
 HOPPER_SOURCES = ("wgmma.cu",)  # sm_90a only
 
 FN = "flash_attn_cuda"
@@ -382,18 +382,69 @@ def seed_nomax_forward(q, k, v, *, softmax_scale=None):
 
 
 # ------------------------------------------------------------------------------------ backward
-def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale=None):
-    """dQ, dK, dV of ``O = softmax(q k^T * scale) v`` by the tiled recompute kernels (fp32).
+def _backward_mma(q, k, v, o, lse, do, causal, scale, dims):
+    """Tensor-core backward (kernels/mma_backward.cu): 16-bit in and out, fp32 accumulation."""
+    B, H, Nq, Nk, D = dims
+    q, k, v, o, do, lse = (_contig(x) for x in (q, k, v, o, do, lse))
+    ctx = _Ctx(q)
+    dt = dtype_name(q)
+    bf16 = "true" if dt == "bfloat16" else "false"
+    dq, dk, dv = _empty(q, (B, H, Nq, D), dt), _empty(q, (B, H, Nk, D), dt), _empty(q, (B, H, Nk, D), dt)
+    delta = _empty(q, (B, H, Nq), "float32")
+    pq, pk, pv, po, pdo, plse, pdq, pdk, pdv, pdelta = (_ptr(x) for x in (q, k, v, o, do, lse, dq, dk, dv, delta))
+    rows = B * H * Nq
+    pre = get_kernel("mma_backward.cu", f"mma_bwd_preprocess<{D}, {bf16}>", ctx.device_id)
+    ctx.run(pre, ((rows + 3) // 4,), (128,), (po, pdo, pdelta, __import__("numpy").int64(rows)))
+    nw, tile = MMA_BACKWARD_CONFIG
+    blk = 16 * nw
+    smem = (2 * blk + 4 * tile) * D * 2 + 4 * tile * 4  # dkdv: K, V, 2 x (Q, dO), 2 x (lse, Delta)
+    kern = get_kernel("mma_backward.cu", f"mma_bwd_dkdv<{D}, {nw}, {tile}, {bf16}>", ctx.device_id)
+    _launch_tensor_core(ctx, kern, ((Nk + blk - 1) // blk, B * H), (32 * nw,),
+                        (pq, pk, pv, pdo, plse, pdelta, pdk, pdv, _i32(Nq), _i32(Nk), _f32(scale),
+                         _i32(int(causal))), smem)
+    smem = (2 * blk + 4 * tile) * D * 2  # dq: Q, dO, 2 x (K, V)
+    kern = get_kernel("mma_backward.cu", f"mma_bwd_dq<{D}, {nw}, {tile}, {bf16}>", ctx.device_id)
+    _launch_tensor_core(ctx, kern, ((Nq + blk - 1) // blk, B * H), (32 * nw,),
+                        (pq, pk, pv, pdo, plse, pdelta, pdq, _i32(Nq), _i32(Nk), _f32(scale), _i32(int(causal))),
+                        smem)
+    return dq, dk, dv
+
+
+BACKWARD_KERNELS = ("auto", "mma", "tiled")
+MMA_BACKWARD_CONFIG = (4, 64)  # (warps per block, rows of the tile each kernel loops over): 64 x 64 tiles
+
+
+def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale=None, kernel="auto"):
+    """dQ, dK, dV of ``O = softmax(q k^T * scale) v`` by recompute kernels, from the forward's lse.
 
     q (B, H, Nq, D), k and v (B, H, Nk, D), o and do (B, H, Nq, D), lse (B, H, Nq) float32 natural log
-    (the forward's). fp16/bf16 inputs are upcast to fp32; the gradients come back in q's dtype.
+    (the forward's). The gradients come back in q's dtype.
+
+    kernel: 'mma' (fp16/bf16, D in {64, 128}, compute capability >= 8.0: tensor cores, fp32 accumulation,
+    kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32
+    kernels of kernels/backward.cu run) | 'auto' (mma where it applies, else tiled).
     """
     fn = "flash_attn_cuda_backward"
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"))
+    check_flag(causal, "causal", fn=fn)
+    for name, x in (("o", o), ("do", do)):
+        check_same_as(x, name, q, "q", fn=fn)
+    check_same_as(lse, "lse", q, "q", fn=fn, shape=(B, H, Nq), dtype="float32")
+    if not isinstance(kernel, str) or kernel not in BACKWARD_KERNELS:
+        raise ValueError(f"{fn}: kernel must be one of {', '.join(BACKWARD_KERNELS)}, got {kernel!r}")
     if D > BACKWARD_MAX_HEAD_DIM:
         raise ValueError(f"{fn}: the backward kernels take D <= {BACKWARD_MAX_HEAD_DIM}, got D = {D}")
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
     out_dtype = dtype_name(q)
+    dev = device_of(q)
+    if not dev.startswith("cuda"):
+        raise ValueError(f"{fn}: q, k and v must be on a CUDA device, got {dev}; move them with .cuda()")
+    mma_ok = out_dtype in ("float16", "bfloat16") and D in (64, 128) and int(_device_cc(q)) >= 80
+    if kernel == "mma" and not mma_ok:
+        raise ValueError(f"{fn}: kernel 'mma' takes float16/bfloat16 with D in {{64, 128}} on compute capability "
+                         f">= 8.0; got {out_dtype}, D = {D}, compute capability {_device_cc(q)}. Use kernel='tiled'")
+    if kernel != "tiled" and mma_ok:
+        return _backward_mma(q, k, v, o, lse, do, causal, scale, (B, H, Nq, Nk, D))
 
     def f32(x):
         if array_kind(x) == "torch":
@@ -437,7 +488,8 @@ def _autograd_fn():
     import torch
 
     class FlashAttnCudaFunction(torch.autograd.Function):
-        """Forward: the chosen kernel. Backward: the tiled recompute kernels from the saved lse."""
+        """Forward: the chosen kernel. Backward: recompute kernels from the saved lse (tensor cores for
+        fp16/bf16 with D 64/128, else the fp32 tiled kernels)."""
 
         @staticmethod
         def forward(ctx, q, k, v, causal, scale, kernel, dims):
@@ -476,8 +528,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         return_lse: also return lse (B, H, Nq) float32 = log(sum_j exp(scaled score)).
 
     Returns O (B, H, Nq, D) in q's dtype (and lse). A row that sees no key gives O = 0, lse = -inf.
-    Differentiable for torch tensors: the backward runs the tiled recompute kernels (fp32; fp16/bf16
-    are upcast) from the saved lse. D <= 128 for the backward.
+    Differentiable for torch tensors: the backward recomputes from the saved lse, on tensor cores for
+    fp16/bf16 with D 64 or 128 (``kernels/mma_backward.cu``), else with the fp32 tiled kernels (fp16/bf16
+    upcast). D <= 128 for the backward.
     """
     check_flag(causal, "causal", fn=FN)
     check_flag(return_lse, "return_lse", fn=FN)

@@ -68,6 +68,9 @@ def test_launcher_configs_are_instantiated_for_nvcc():
                          for bf in ("false", "true")},
               "wgmma.cu": {f"wgmma_fwd<{D}, {bc}, {nwg}, {bf}>" for D, (bc, nwg) in launcher.WGMMA_CONFIGS.items()
                            for bf in ("false", "true")},
+              "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {launcher.MMA_BACKWARD_CONFIG[0]}, {launcher.MMA_BACKWARD_CONFIG[1]}, {bf}>"
+                                  for kind in ("dkdv", "dq") for D in (64, 128) for bf in ("false", "true")}
+              | {f"mma_bwd_preprocess<{D}, {bf}>" for D in (64, 128) for bf in ("false", "true")},
               "backward.cu": {"bwd_dkdv<32, 32>", "bwd_dkdv<64, 32>", "bwd_dkdv<128, 16>",
                               "bwd_dq<32, 32>", "bwd_dq<64, 32>", "bwd_dq<128, 16>"}}
     for source, names in wanted.items():

@@ -17,7 +17,7 @@ from flash_attention_py import attention_reference, attention_reference_grads, m
 from flash_attention_py.registry import _cuda_hopper_probe, cuda_unavailable_reason
 
 import flash_attention_cuda as fac
-from flash_attention_cuda import flash_attn_cuda
+from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -254,3 +254,54 @@ def test_wgmma_refused_off_hopper(monkeypatch):
     monkeypatch.setattr(fac.launcher, "_forward", lambda *a: calls.append(a[5]) or real(*a))
     flash_attn_cuda(q, k, v)  # auto falls back to mma
     assert calls == ["mma"]
+
+
+# ------------------------------------------------------------------ the tensor-core backward (mma_backward.cu)
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_mma_backward_matches_reference(dtype, D):
+    """kernel='mma' against the float64 gradients and against the fp32 tiled kernels, odd sizes, Nq != Nk
+    both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale."""
+    tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    for (Nq, Nk), scale in (((100, 100), None), ((37, 300), None), ((300, 37), -0.2), ((1, 517), None),
+                            ((450, 450), 0.5)):
+        q, k, v, do = _inputs(2, 2, Nq, Nk, D, dtype)
+        for causal in (False, True):
+            o, lse = flash_attn_cuda(q, k, v, causal=causal, softmax_scale=scale, kernel="mma", return_lse=True)
+            grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale, kernel="mma")
+            ref = attention_reference_grads(q, k, v, do, causal=causal, softmax_scale=scale)
+            tiled = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale, kernel="tiled")
+            for name, g, r, t in zip(("dq", "dk", "dv"), grads, ref, tiled):
+                assert g.dtype == q.dtype and g.shape == r.shape and torch.isfinite(g).all(), name
+                assert _err(g, r) < tol * max(1.0, r.abs().max().item()), (name, Nq, Nk, causal, _err(g, r))
+                assert _err(g, t) < 2 * tol * max(1.0, r.abs().max().item()), (name, Nq, Nk, causal)
+
+
+@gpu
+def test_backward_bad_input():
+    q, k, v, do = _inputs(1, 2, 16, 16, 64, "float16")
+    o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
+    with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D in \{64, 128\}"):
+        flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
+    with pytest.raises(ValueError, match="kernel must be one of auto, mma, tiled"):
+        flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="wgmma")
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\)"):
+        flash_attn_cuda_backward(q, k, v, o, lse[:, :, :8], do)
+    with pytest.raises(TypeError, match="do must have dtype float16"):
+        flash_attn_cuda_backward(q, k, v, o, lse, do.float())
+
+
+@gpu
+@pytest.mark.parametrize("config", [(4, 64), (8, 64), (4, 32), (8, 32)])
+@pytest.mark.parametrize("D", [64, 128])
+def test_mma_backward_every_benchmarked_config(config, D, monkeypatch):
+    """Every (warps, looped tile rows) that benchmarks/cuda_backward_vs_fa2.py --sweep tries is right too."""
+    monkeypatch.setattr(fac.launcher, "MMA_BACKWARD_CONFIG", config)
+    for Nq, Nk in ((300, 37), (37, 300), (257, 513)):
+        q, k, v, do = _inputs(1, 2, Nq, Nk, D, "float16")
+        for causal in (False, True):
+            o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel="mma", return_lse=True)
+            grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, kernel="mma")
+            for name, g, r in zip(("dq", "dk", "dv"), grads, attention_reference_grads(q, k, v, do, causal=causal)):
+                assert _err(g, r) < 4e-3 * max(1.0, r.abs().max().item()), (name, config, Nq, Nk, causal)

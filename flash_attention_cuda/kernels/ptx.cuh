@@ -58,6 +58,14 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// one fp16 or bf16 (raw 16 bits) -> fp32, exactly
+template <bool BF16>
+__device__ __forceinline__ float to_f32(unsigned short h) {
+    if constexpr (BF16) return __int_as_float((int)h << 16);  // bf16 is the top half of an fp32
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^x, 2^-inf = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
