@@ -9,7 +9,8 @@ The ladder (``KERNELS``), each a readable ``.cu`` file in ``flash_attention_cuda
     mma     tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffering (fp16/bf16, D 64/128)
     wgmma   Hopper tensor cores: warpgroup wgmma.mma_async from swizzled shared memory, softmax
             overlapped with the next product (fp16/bf16, D 64/128, compute capability 9.0 only)
-    backward.cu: tiled recompute backward (dQ, dK, dV) from the saved lse (fp32), used by autograd
+    backward: recompute from the saved lse, used by autograd: mma_backward.cu (tensor cores, fp16/bf16,
+              D 64/128) or backward.cu (fp32 tiled kernels, everything else)
 
 Shapes: q (B, H, Nq, D), k and v (B, H, Nk, D), O (B, H, Nq, D), lse (B, H, Nq) float32.
 Importing needs CuPy but no GPU; launching needs one (``cupy.cuda.is_available()``).
