@@ -7,8 +7,9 @@
     python -m benchmarks --list                  # what can run here, and why not the rest
 
 Every case (backend x dtype x mode x causal x N) becomes one row of the CSV/JSON; a case that runs
-out of memory, is not supported, would take too long or fails is recorded with its status and reason,
-and the sweep goes on. See benchmarks/README.md.
+out of memory, is not supported, would take too long (predicted before it runs, from the previous N or
+from one small probe call) or fails is recorded with its status and reason, and the sweep goes on. An
+unusable --out stops the command with a one-line error before any case runs. See benchmarks/README.md.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -57,6 +59,11 @@ MODES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd+bwd",), "both": ("fw
          "all": ("fwd", "bwd", "fwd+bwd")}
 CAUSAL = {"off": (False,), "on": (True,), "both": (False, True)}
 QUADRATIC_MEMORY = {NAIVE, "sdpa-math"}  # materialise the (Nq, Nk) score matrix
+# Before the first (smallest) N of a backend is run, a case more than PROBE_MIN_RATIO times the FLOPs of a
+# PROBE_N x PROBE_N call is predicted from one timed call at that size (same B, H, D, dtype, mode, causal).
+# The presets start small enough (CPU 128, GPU 512, seed 1024) that they need no probe.
+PROBE_N = 256
+PROBE_MIN_RATIO = 16.0
 
 
 # ------------------------------------------------------------------------------------ options
@@ -149,8 +156,9 @@ def build_parser():
     p.add_argument("--budget-s", type=_positive_float, default=1.0,
                    help="CPU: stop repeating a case once this many seconds are spent (after 3 runs; default 1)")
     p.add_argument("--max-call-s", type=_positive_float, default=None,
-                   help="skip a larger N of a backend when its time at the previous N predicts a call longer "
-                        "than this (default: CPU 2, GPU 1)")
+                   help="skip a case, before it runs, when its predicted time per call is longer than this many "
+                        "seconds; the prediction scales the backend's time at the previous N (or, before its first "
+                        f"N, one timed call at N={PROBE_N}) by the FLOP ratio (default: CPU 2, GPU 1)")
     p.add_argument("--threads", type=_non_negative_int, default=None,
                    help="CPU threads of torch and of NumPy's BLAS; 0 leaves the libraries' own defaults "
                         "(default on a CPU: 1, which keeps timings steady on a shared machine; on a GPU: 0)")
@@ -260,6 +268,41 @@ def resolve(args, parser, targets):
     return cfg
 
 
+# ------------------------------------------------------------------------------------ output folder
+def output_files(plots=True):
+    """The names of the files a run writes into its output folder."""
+    return (report.PARTIAL, "results.csv", "results.json", "table.txt", "report.md") + (report.PLOTS if plots else ())
+
+
+def out_folder_problem(out, names):
+    """None if ``out`` is (or can be made) a writable folder where each of ``names`` can be written as a file;
+    else one line saying what is wrong. Creates the folder (as the run would)."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{out!r} is an existing file, not a folder"
+    parent = path
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{out!r} lies inside {parent!r}, which is a file, not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create the folder {out!r}: {exc.strerror or exc}"
+    for name in names:
+        p = os.path.join(path, name)
+        if os.path.isdir(p):
+            return f"{os.path.join(out, name)!r} is a folder, but the run writes a file of that name there"
+        if os.path.exists(p) and not os.access(p, os.W_OK):
+            return f"{os.path.join(out, name)!r} exists and is not writable"
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"the folder {out!r} is not writable: {exc.strerror or exc}"
+    return None
+
+
 # ------------------------------------------------------------------------------------ cases
 def make_cases(cfg, by_name):
     """Every case, in the order of the tables: mode, causal, backend, dtype, then N ascending."""
@@ -342,6 +385,48 @@ def _cleanup(device, failed):
             pass
 
 
+def _failure(exc, prefix=""):
+    """The status and reason of a case that raised ``exc``."""
+    if _is_oom(exc):
+        status = "oom"
+    elif isinstance(exc, (ImportError, NotImplementedError, TypeError, ValueError)):
+        status = "unsupported"
+    else:
+        status = "error"
+    return dict(status=status, reason=prefix + short_reason(exc))
+
+
+def _size_label(Nq, Nk):
+    return str(Nk) if Nq == Nk else f"{Nq}x{Nk}"
+
+
+def probe_call(case, target):
+    """Time one call of ``case`` shrunk to at most PROBE_N x PROBE_N (after an untimed warm-up call, which
+    also compiles JIT kernels). Returns (flops, seconds, size label), or a status/reason dict if it failed."""
+    device, dtype, mode, causal = case["device"], case["dtype"], case["mode"], case["causal"]
+    B, H, D = case["B"], case["H"], case["D"]
+    Nq, Nk = min(case["Nq"], PROBE_N), min(case["Nk"], PROBE_N)
+    x = fn = out = None
+    try:
+        x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind=target.array, device=device)
+        with target.context():
+            fn = target.prepare(x, causal, mode)
+            out = fn()
+            out = None
+            if device == "cuda":
+                sec = measure._sync_time(fn)
+            else:
+                t0 = time.perf_counter()
+                out = fn()
+                sec = time.perf_counter() - t0
+        return attention_flops(B, H, Nq, Nk, D, causal=causal, mode=mode), sec, _size_label(Nq, Nk) + " (probe)"
+    except Exception as exc:  # noqa: BLE001
+        return _failure(exc, prefix=f"probe at N={_size_label(Nq, Nk)}: ")
+    finally:
+        del x, fn, out
+        _cleanup(device, False)
+
+
 def run_case(case, target, cfg, history, inputs=None):
     """Measure one case; returns the row (a dict). Never raises for a backend's failure."""
     row = dict(case)
@@ -357,15 +442,6 @@ def run_case(case, target, cfg, history, inputs=None):
     if reason:
         row.update(status="unsupported", reason=reason)
         return row
-    group = (case["backend"], dtype, mode, case["causal"])
-    prev = history.get(group)
-    if prev is not None:
-        work0, sec0, n0 = prev
-        predicted = sec0 * (Nq * Nk) / work0
-        if predicted > cfg["max_call_s"]:
-            row.update(status="skipped", reason=(
-                f"predicted {predicted:.1f} s per call from {sec0:.2f} s at N={n0} (> --max-call-s {cfg['max_call_s']:g})"))
-            return row
     # A host allocation that does not fit may bring in the OOM killer rather than a MemoryError. make_inputs
     # draws q, k, v, dO on the host in float64 (then casts, and copies to the GPU); on the CPU, naive-style
     # backends add the (Nq, Nk) score matrices.
@@ -380,6 +456,25 @@ def run_case(case, target, cfg, history, inputs=None):
             f"{' and (Nq, Nk) score matrices' if quadratic else ''}), more than half of the "
             f"{avail / 2**30:.1f} GiB available (the OOM killer could end the sweep)"))
         return row
+
+    # the predicted time per call: from this backend's previous N, or from one small timed call
+    group = (case["backend"], dtype, mode, case["causal"])
+    prev = history.get(group)
+    if prev is None and flops > PROBE_MIN_RATIO * attention_flops(B, H, min(Nq, PROBE_N), min(Nk, PROBE_N), D,
+                                                                  causal=case["causal"], mode=mode):
+        probed = probe_call(case, target)
+        if isinstance(probed, dict):  # the probe itself failed: so would the case
+            row.update(probed)
+            return row
+        prev = history[group] = probed
+    if prev is not None:
+        flops0, sec0, n0 = prev
+        predicted = sec0 * flops / flops0
+        if predicted > cfg["max_call_s"]:
+            row.update(status="skipped", reason=(
+                f"not run: predicted {predicted:.3g} s per call from {sec0:.3g} s at N={n0} x the FLOP ratio "
+                f"{flops / flops0:.3g} (> --max-call-s {cfg['max_call_s']:g})"))
+            return row
 
     x = fn = out = None
     try:
@@ -404,14 +499,9 @@ def run_case(case, target, cfg, history, inputs=None):
         row.update(time_ms=med, time_lo_ms=lo, time_hi_ms=hi, n_runs=n, timer=timer,
                    spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
                    tflops=flops / (med * 1e-3) / 1e12 if med > 0 else math.nan)
-        history[group] = (Nq * Nk, med * 1e-3, Nk if Nq == Nk else f"{Nq}x{Nk}")
+        history[group] = (flops, med * 1e-3, _size_label(Nq, Nk))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, and the sweep goes on
-        if _is_oom(exc):
-            row.update(status="oom", reason=short_reason(exc))
-        elif isinstance(exc, (ImportError, NotImplementedError, TypeError, ValueError)):
-            row.update(status="unsupported", reason=short_reason(exc))
-        else:
-            row.update(status="error", reason=short_reason(exc))
+        row.update(_failure(exc))
     finally:
         del x, fn, out
         _cleanup(device, row["status"] != "ok")
@@ -442,6 +532,9 @@ def main(argv=None):
             print(f"{t.name:<15} {t.rung:<7} {'runs here' + note if why is None else 'unavailable: ' + why}")
         return 0
     cfg = resolve(args, parser, targets)
+    problem = out_folder_problem(cfg["out"], output_files(plots=not args.no_plots))
+    if problem:  # one line, as argparse's own errors end, before anything is run
+        parser.exit(2, f"{parser.prog}: error: --out: {problem}\n")
     saved = measure.thread_info()
     if cfg["threads"]:
         measure.set_threads(cfg["threads"])

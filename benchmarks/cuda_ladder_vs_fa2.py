@@ -75,6 +75,9 @@ def versions():
                 cupy=cupy.__version__, cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),
                 cuda_driver=cupy.cuda.runtime.driverGetVersion(), nvrtc=".".join(map(str, cupy.cuda.nvrtc.getVersion())),
                 python=platform.python_version())
+    from benchmarks.report import git_state
+
+    info.update(git_state())  # the commit, and the changed files if the tree has local changes
     try:
         info["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     except Exception:

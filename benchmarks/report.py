@@ -51,6 +51,20 @@ def _cpu_model():
     return platform.processor() or platform.machine()
 
 
+def git_state():
+    """{'git_commit', 'git_dirty', 'git_changed_files'} of this checkout ({} without git): a run on a tree with
+    local changes names the changed tracked files, since the commit alone does not describe that code."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return {}
+    return {"git_commit": commit, "git_dirty": bool(dirty), "git_changed_files": [line[3:] for line in dirty.splitlines()][:50]}
+
+
 def environment(device, argv):
     """Versions, hardware and the command line, for results.json."""
     env = {
@@ -82,15 +96,7 @@ def environment(device, argv):
             env["gpu_count"] = torch.cuda.device_count()
     except Exception as exc:  # noqa: BLE001
         env["torch_error"] = str(exc)
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                           timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        env["git_dirty"] = bool(dirty)
-    except Exception:  # noqa: BLE001
-        pass
+    env.update(git_state())
     return env
 
 
@@ -192,6 +198,10 @@ def report_markdown(rows, *, meta, config, matmul_peak, plots=True):
         f"- date: {meta.get('utc')}; git commit {meta.get('git_commit', '?')}{' (with local changes)' if meta.get('git_dirty') else ''}; "
         f"wall time {meta.get('wall_s', float('nan')):.1f} s",
     ]
+    if meta.get("git_changed_files"):
+        lines.append("- changed files, not in that commit: " + ", ".join(f"`{f}`" for f in meta["git_changed_files"]))
+    if meta.get("code_note"):
+        lines.append(f"- note: {meta['code_note']}")
     if meta.get("TRITON_INTERPRET") == "1" and config.get("device") == "cpu":
         lines.append("- Triton runs under its interpreter here (TRITON_INTERPRET=1)")
     if matmul_peak:
@@ -249,80 +259,154 @@ def _series(rows, metric):
     return groups
 
 
+# Okabe and Ito's colour-blind-safe colours (yellow and black left out: too pale / used for the ceilings),
+# then Paul Tol's wine, indigo, olive, teal and a dark grey; each backend also gets its own marker, so that
+# no two series differ by hue alone. The dtype sets the line style and the bar hatch.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#882255", "#332288", "#999933",
+           "#44AA99", "#555555")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+DTYPE_STYLES = ("-", "--", ":", "-.")
+DTYPE_HATCHES = ("", "//", "..", "xx")
+CEILING_DASHES = ((0, (6, 2)), (0, (2, 2)), (0, (6, 2, 1, 2)), (0, (1, 1)))
+
+
+def _styles(names, dtypes):
+    """{backend: (colour, marker)} (unique pairs) and {dtype: (line style, hatch)}."""
+    by_backend = {name: (PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
+    by_dtype = {d: (DTYPE_STYLES[i % len(DTYPE_STYLES)], DTYPE_HATCHES[i % len(DTYPE_HATCHES)]) for i, d in enumerate(dtypes)}
+    return by_backend, by_dtype
+
+
 def write_plots(out, rows, matmul_peak, config):
+    """tflops.png, memory.png, speedup.png: one panel per (mode, causal); lines against N, or bars where
+    the run has a single N. The legend sits outside the panels, so it hides neither points nor ceilings."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
     from matplotlib.ticker import NullFormatter
 
-    panels = sorted({(r["mode"], r["causal"]) for r in rows}, key=lambda p: (p[0], p[1]))
+    mode_rank = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
+    panels = sorted({(r["mode"], r["causal"]) for r in rows}, key=lambda p: (mode_rank.get(p[0], 3), p[0], p[1])) \
+        or [("fwd", False)]
     dtypes = sorted({r["dtype"] for r in rows})
     nq_varies = any(r["Nq"] != r["Nk"] for r in rows)
     xlabel = "Nk (key length)" if nq_varies else "N (sequence length, Nq = Nk)"
     sub = f"{config['device']}, B={config['B']} H={config['H']} D={config['D']}"
+    single_n = len({(r["Nq"], r["Nk"]) for r in rows}) == 1
+    if single_n and rows:
+        sub += f", N={_size(rows[0])}"
     specs = [
         ("tflops.png", "tflops", "TFLOP/s", "throughput (FLOPs = 4·B·H·Nq·Nk·D, x0.5 causal, x2.5 bwd)", False),
         ("memory.png", "mem_extra_mb", "peak memory above the inputs (MiB)", "peak memory", True),
         ("speedup.png", "speedup_vs_naive", "speed-up over naive-torch (x)", "speed-up over naive softmax(QK^T)V", False),
     ]
-    names = sorted({r["backend"] for r in rows})
-    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
-    colors = {name: cmap(i % cmap.N) for i, name in enumerate(names)}
-    markers = ("o", "s", "^", "D")
+    order = {}
+    for r in rows:
+        order.setdefault(r["backend"], len(order))
+    names = sorted(order, key=order.get)
+    by_backend, by_dtype = _styles(names, dtypes)
+    anchors = {r["backend"] for r in rows if r.get("rung") == "anchor"}
+
+    def label(backend, dtype):
+        text = backend if len(dtypes) == 1 else f"{backend} ({dtype})"
+        return text + (" [anchor]" if backend in anchors else "")
+
     paths = []
-    for fname, metric, ylabel, title, loglog in specs:
+    for fname, metric, ylabel, title, logy in specs:
         series = _series(rows, metric)
-        n = max(1, len(panels))
-        fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
-        for ax, panel in zip(axes[0], panels or [("fwd", False)]):
+        n = len(panels)
+        if single_n:
+            width = max(6.5, 0.45 * max((len(series.get(p, {})) for p in panels), default=1) + 2)
+        else:
+            width = 6.5
+        ncols = min(n, 2)
+        nrows = (n + ncols - 1) // ncols
+        fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 4.6 * nrows), squeeze=False)
+        legend = {}
+        for ax, panel in zip(axes.flat, panels):
             data = series.get(panel, {})
-            all_x = set()
-            for (backend, dtype), pts in sorted(data.items()):
-                pts.sort()
-                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                anchor = pts[0][2] == "anchor"
-                label = backend if len(dtypes) == 1 else f"{backend} ({dtype})"
-                ax.plot(xs, ys, marker=markers[dtypes.index(dtype) % len(markers)], ms=4, lw=1.5,
-                        ls="--" if anchor else "-", color=colors[backend], label=label)
-                all_x.update(xs)
-            if metric == "tflops":
-                for d, peak in matmul_peak.items():
-                    if peak and math.isfinite(peak):
-                        ax.axhline(peak, color="k", ls=":", lw=1)
-                        ax.annotate(f"matmul peak {d}: {peak:.0f}", xy=(0.01, peak), xycoords=("axes fraction", "data"),
-                                    va="bottom", fontsize=7)
+            keys = sorted(data, key=lambda k: (order[k[0]], dtypes.index(k[1])))
+            if single_n:
+                for i, key in enumerate(keys):
+                    backend, dtype = key
+                    colour, _ = by_backend[backend]
+                    _, hatch = by_dtype[dtype]
+                    y = data[key][0][1]
+                    ax.bar(i, y, color=colour, hatch=hatch, edgecolor="black", linewidth=0.6)
+                    ax.annotate(f"{y:.0f}" if y >= 1000 else f"{y:.3g}", (i, y), xytext=(0, 2), textcoords="offset points", ha="center",
+                                va="bottom", fontsize=6.5, zorder=5,
+                                bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.85))
+                    legend.setdefault(label(backend, dtype), Patch(facecolor=colour, hatch=hatch, edgecolor="black"))
+                ax.set_xticks(range(len(keys)))
+                ax.set_xticklabels([label(*k) for k in keys], rotation=60, ha="right", fontsize=7)
+                ax.set_xlim(-0.6, max(len(keys), 1) - 0.4)
+            else:
+                all_x = set()
+                for key in keys:
+                    backend, dtype = key
+                    pts = sorted(data[key])
+                    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                    colour, marker = by_backend[backend]
+                    style, _ = by_dtype[dtype]
+                    ax.plot(xs, ys, marker=marker, ms=5, lw=1.6, ls=style, color=colour,
+                            markerfacecolor="white" if backend in anchors else colour, markeredgewidth=1.2)
+                    legend.setdefault(label(backend, dtype), Line2D([], [], marker=marker, ms=5, lw=1.6, ls=style, color=colour,
+                                                                  markerfacecolor="white" if backend in anchors else colour))
+                    all_x.update(xs)
+                if logy and data:
+                    # guide lines through the smallest point of all series: slope 1 (O(N)) and slope 2 (O(N^2))
+                    allpts = [p for pts in data.values() for p in pts]
+                    x0 = min(p[0] for p in allpts)
+                    x1 = max(p[0] for p in allpts)
+                    y0 = min(p[1] for p in allpts if p[0] == x0)
+                    if x1 > x0:
+                        ax.plot([x0, x1], [y0, y0 * x1 / x0], color="black", ls=(0, (1, 3)), lw=1)
+                        ax.plot([x0, x1], [y0, y0 * (x1 / x0) ** 2], color="black", ls=(0, (6, 3)), lw=1)
+                        legend.setdefault("∝ N (guide)", Line2D([], [], color="black", ls=(0, (1, 3)), lw=1))
+                        legend.setdefault("∝ N² (guide)", Line2D([], [], color="black", ls=(0, (6, 3)), lw=1))
+                ax.set_xscale("log", base=2)
+                if all_x:
+                    ticks = sorted(all_x)
+                    ax.set_xticks(ticks)
+                    ax.set_xticklabels([str(t) for t in ticks], fontsize=7)
+                    ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.set_xlabel(xlabel)
+            if metric == "tflops":  # the ceilings: told apart by dash pattern, named in the legend, not on the axes
+                peaks = [(d, v) for d, v in matmul_peak.items() if v and math.isfinite(v)]
+                for i, (d, peak) in enumerate(peaks):
+                    dash = CEILING_DASHES[i % len(CEILING_DASHES)]
+                    ax.axhline(peak, color="black", ls=dash, lw=1, zorder=0.5)
+                    legend.setdefault(f"measured matmul peak, {d}: {peak:.0f} TFLOP/s",
+                                      Line2D([], [], color="black", ls=dash, lw=1))
+                if peaks:
+                    ax.set_ylim(0, max(v for _, v in peaks) * 1.08)
             if metric == "speedup_vs_naive":
-                ax.axhline(1.0, color="grey", ls=":", lw=1)
-            if loglog and data:
-                # guide lines through the smallest point of all series: slope 1 (O(N)) and slope 2 (O(N^2))
-                allpts = [p for pts in data.values() for p in pts]
-                x0 = min(p[0] for p in allpts)
-                x1 = max(p[0] for p in allpts)
-                y0 = min(p[1] for p in allpts if p[0] == x0)
-                if x1 > x0:
-                    ax.plot([x0, x1], [y0, y0 * x1 / x0], color="grey", ls=":", lw=1, label="∝ N (guide)")
-                    ax.plot([x0, x1], [y0, y0 * (x1 / x0) ** 2], color="grey", ls="-.", lw=1, label="∝ N² (guide)")
-            ax.set_xscale("log", base=2)
-            if all_x:
-                ticks = sorted(all_x)
-                ax.set_xticks(ticks)
-                ax.set_xticklabels([str(t) for t in ticks], fontsize=7)
-                ax.xaxis.set_minor_formatter(NullFormatter())
-            if loglog:
+                ax.axhline(1.0, color="black", ls=(0, (2, 2)), lw=0.9, zorder=0.5)
+            if logy:
                 ax.set_yscale("log")
+            if single_n and data and not (metric == "tflops" and matmul_peak):
+                top = max(pts[0][1] for pts in data.values())
+                lo, _ = ax.get_ylim()
+                ax.set_ylim(lo, top * (2.0 if logy else 1.12))  # room for the value labels
             mode, causal = panel
             ax.set_title(f"{title}\n{mode}, {'causal' if causal else 'non-causal'}; {sub}", fontsize=9)
-            ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-            if data:
-                ax.legend(fontsize=7)
-            else:
+            ax.grid(True, which="both", axis="y" if single_n else "both", alpha=0.3)
+            if not data:
                 ax.text(0.5, 0.5, "no successful case", transform=ax.transAxes, ha="center", va="center")
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
         fig.tight_layout()
+        if legend:
+            fig.legend(list(legend.values()), list(legend), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7.5,
+                       frameon=False, title=(("colour = backend, hatch = dtype" if single_n else "colour and marker = backend, line = dtype")
+                              if len(dtypes) > 1 else None),
+                       title_fontsize=7.5)
         p = os.path.join(out, fname)
-        fig.savefig(p, dpi=110)
+        fig.savefig(p, dpi=110, bbox_inches="tight")
         plt.close(fig)
         paths.append(p)
     return paths

@@ -145,6 +145,9 @@ def main(argv=None):
         command="PYTHONPATH=. python3 benchmarks/triton_vs_fa2.py " + " ".join(sys.argv[1:] if argv is None else argv),
         seconds=round(time.time() - t_start, 1), autotune_choices=best_configs(), diagnostics=diagnostics,
     )
+    from benchmarks.report import git_state
+
+    meta.update(git_state())  # the commit, and the changed files if the tree has local changes
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "triton_vs_fa2.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -264,3 +264,119 @@ def test_cpu_naive_too_big_is_oom_not_run(tmp_path):
                      "--out", out, "--no-progress", "--no-plots"]) == 0
     _, rows, _ = _read(out)
     assert [r["status"] for r in rows] == ["oom"] and "not run" in rows[0]["reason"]
+
+
+# ------------------------------------------------------------------------------------ --out checked before the sweep
+def _bad_out(tmp_path, kind):
+    if kind == "existing file":
+        path = tmp_path / "a_file"
+        path.write_text("x")
+        return str(path), "is an existing file"
+    if kind == "path inside a file":
+        path = tmp_path / "a_file"
+        path.write_text("x")
+        return str(path / "sub"), "which is a file"
+    if kind == "results.csv is a folder":
+        (tmp_path / "results.csv").mkdir()
+        return str(tmp_path), "results.csv"
+    if kind == "cases.jsonl is a folder":
+        (tmp_path / "cases.jsonl").mkdir()
+        return str(tmp_path), "cases.jsonl"
+    if kind == "unwritable folder":
+        if os.geteuid() == 0:  # root writes anywhere: a folder that cannot be made at all stands in for it
+            if not os.path.isdir("/proc/self"):
+                pytest.skip("running as root without /proc: no folder here is unwritable")
+            return "/proc/self/bench_out", "cannot create the folder"
+        path = tmp_path / "locked"
+        path.mkdir()
+        path.chmod(0o500)
+        return str(path), "not writable"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["existing file", "path inside a file", "results.csv is a folder",
+                                  "cases.jsonl is a folder", "unwritable folder"])
+def test_bad_out_is_one_line_error_before_the_sweep(kind, tmp_path, monkeypatch, capsys):
+    out, needle = _bad_out(tmp_path, kind)
+
+    def never(*a, **k):
+        raise AssertionError("a case ran although --out is unusable")
+
+    monkeypatch.setattr(cli, "run_case", never)
+    with pytest.raises(SystemExit) as info:
+        cli.main(CPU + ["--backends", "numpy-v2", "--out", out] + TINY)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("python -m benchmarks: error: --out: ") and needle in err, err
+
+
+# ------------------------------------------------------------------------------------ predicted time, before the first N
+def test_huge_first_case_is_predicted_by_a_probe_and_skipped(tmp_path):
+    """--n 200000 on a CPU: one small timed call predicts hours, so the case is skipped at once, with the reason."""
+    import time
+
+    out = str(tmp_path)
+    t0 = time.perf_counter()
+    assert cli.main(CPU + ["--backends", "numpy-v2", "--n", "200000", "-b", "1", "--heads", "1", "-d", "16",
+                           "--out", out, "--no-progress", "--no-plots"]) == 0
+    assert time.perf_counter() - t0 < 30
+    _, rows, _ = _read(out)
+    assert [r["status"] for r in rows] == ["skipped"]
+    reason = rows[0]["reason"]
+    assert f"N={cli.PROBE_N} (probe)" in reason and "--max-call-s 2" in reason and "not run" in reason
+    with open(os.path.join(out, "table.txt")) as f:
+        assert reason in f.read()
+
+
+def test_probe_lets_a_case_under_the_limit_run(tmp_path, monkeypatch):
+    probes = []
+    real = cli.probe_call
+    monkeypatch.setattr(cli, "probe_call", lambda case, target: probes.append(case["Nk"]) or real(case, target))
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "numpy-v2", "--n", "2048", "-b", "1", "--heads", "1", "-d", "16",
+                           "--repeats", "1", "--out", out, "--no-progress", "--no-plots"]) == 0
+    _, rows, _ = _read(out)
+    assert probes == [2048] and [r["status"] for r in rows] == ["ok"]
+
+
+def test_small_first_case_needs_no_probe(tmp_path, monkeypatch):
+    """The presets' first N (CPU 128, GPU 512, seed 1024) run without a probe call."""
+    monkeypatch.setattr(cli, "probe_call", lambda *a: pytest.fail("probed a case that is cheap to run"))
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "numpy-v2", "--n", "1024", "-b", "1", "--heads", "1", "-d", "16",
+                           "--repeats", "1", "--out", out, "--no-progress", "--no-plots"]) == 0
+
+
+def test_plots_lines_for_a_sweep_bars_for_one_n_legend_outside(tmp_path, monkeypatch):
+    """Several N: lines; a single N: bars (not a column of dots); the legend lies outside every panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import report
+
+    seen = []
+    real_close = plt.close
+
+    def keep(fig=None):
+        if fig is not None and hasattr(fig, "axes"):
+            fig.canvas.draw()
+            axes = [ax for ax in fig.axes if ax.get_visible()]
+            legend_box = fig.legends[0].get_window_extent()
+            right = max(ax.get_window_extent().x1 for ax in axes)
+            seen.append((sum(len(ax.patches) for ax in axes), sum(len(ax.lines) for ax in axes), legend_box.x0 >= right))
+        return real_close(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    base = dict(rung="anchor", device="cpu", dtype="float32", mode="fwd", causal=False, B=1, H=1, D=16, status="ok",
+                reason="", mem_extra_mb=1.0, speedup_vs_naive=1.0, tflops=0.01)
+    sweep = [dict(base, backend=b, Nq=n, Nk=n) for b in ("naive-torch", "sdpa-math") for n in (64, 128)]
+    single = [dict(base, backend=b, Nq=64, Nk=64) for b in ("naive-torch", "sdpa-math")]
+    cfg = dict(device="cpu", B=1, H=1, D=16)
+    report.write_plots(str(tmp_path), sweep, {}, cfg)
+    report.write_plots(str(tmp_path), single, {}, cfg)
+    assert len(seen) == 6
+    assert all(bars == 0 and lines >= 2 and outside for bars, lines, outside in seen[:3]), seen
+    assert all(bars == 2 and outside for bars, lines, outside in seen[3:]), seen

@@ -1,0 +1,621 @@
+"""Generate every table of recorded figures in the docs from the result files, and check the figures quoted in prose.
+
+    python tools/docs_tables.py            # rewrite every generated table in place
+    python tools/docs_tables.py --check    # change nothing; list stale tables and prose figures, exit 1 if any
+
+A generated table sits between two markers in a Markdown page (README.md, docs/*.md, docs/zh/*.md,
+docs/results/*/README.md, benchmarks/README.md):
+
+    <!-- BEGIN GENERATED: fa2-forward -->
+    ... rewritten from docs/results/** by this script ...
+    <!-- END GENERATED: fa2-forward -->
+
+The name picks a function of TABLES below; pages under docs/zh/ get the same numbers with Chinese column
+headers. A figure quoted in prose is listed in PROSE: (page, text built from the result files); --check
+fails when the page no longer contains that text (white space aside), i.e. when the page or the result file changed
+without the other. Every figure comes from the JSON files under docs/results/ (the .md tables beside them
+are written by the benchmark scripts from the same JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE_GLOBS = ("README.md", "docs/*.md", "docs/zh/*.md", "docs/results/*/README.md", "benchmarks/README.md")
+# a block may be indented (a table inside a list item): the generated lines get the BEGIN marker's indent
+MARKER = re.compile(r"^([ \t]*)(<!-- BEGIN GENERATED: ([\w.-]+) -->\n)(.*?)^([ \t]*<!-- END GENERATED: \3 -->)",
+                    re.S | re.M)
+DASH = "–"
+
+
+# ------------------------------------------------------------------------------------ result files
+class Results:
+    """The recorded result files under ``root``/docs/results, loaded on first use."""
+
+    def __init__(self, root):
+        self.root, self._cache = root, {}
+
+    def json(self, rel):
+        if rel not in self._cache:
+            with open(os.path.join(self.root, "docs", "results", rel)) as f:
+                self._cache[rel] = json.load(f)
+        return self._cache[rel]
+
+    def text(self, rel):
+        with open(os.path.join(self.root, "docs", "results", rel)) as f:
+            return f.read()
+
+    # the files
+    def ladder(self):
+        return self.json("cuda/cuda_ladder.json")["rows"]
+
+    def backward(self):
+        return self.json("cuda/cuda_backward.json")["rows"]
+
+    def triton(self):
+        return self.json("triton/triton_vs_fa2.json")["rows"]
+
+    def bench(self, run):
+        return self.json(f"benchmark/{run}/results.json")
+
+    def cpu(self):
+        return self.json("cpu/measurements.json")
+
+
+# ------------------------------------------------------------------------------------ formatting
+def f0(x):
+    return f"{x:.0f}"
+
+
+def f2(x):
+    return f"{x:.2f}"
+
+
+def g3(x):
+    return f"{x:.3g}"
+
+
+def span(values, fmt=f0, unit=""):
+    """'lo–hi' (or one value when they agree after formatting)."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return f"{lo}{unit}" if lo == hi else f"{lo}{DASH}{hi}{unit}"
+
+
+def table(header, rows, right=()):
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def H(lang, en, zh):
+    """A column header in the page's language."""
+    return zh if lang == "zh" else en
+
+
+def shape(r):
+    return f"B={r['B']} H={r['H']} D={r['D']}"
+
+
+# ------------------------------------------------------------------------------------ derived figures
+def ladder_stats(R):
+    rows = R.ladder()
+    wg = [r["wgmma_vs_fa2"] for r in rows]
+    mma = [r["mma_vs_fa2"] for r in rows]
+    slow = [r for r in rows if r.get("tiled_tflops") is not None]
+    return dict(
+        n=len(rows),
+        wg_ratio=span(wg, f2, "×"), wg_tflops=span([r["wgmma_tflops"] for r in rows]),
+        wg_median=f2(statistics.median(wg)) + "×",
+        mma_ratio=span(mma, f2, "×"), mma_tflops=span([r["mma_tflops"] for r in rows]),
+        mma_at_least_1=sum(1 for x in mma if x >= 1.0),
+        tiled_ratio=span([r["tiled_tflops"] / r["fa2_tflops"] for r in slow], f2, "×"),
+        tiled_tflops=span([r["tiled_tflops"] for r in slow], lambda x: f"{x:.1f}"),
+        naive_ratio=span([r["naive_tflops"] / r["fa2_tflops"] for r in slow], f2, "×"),
+        naive_tflops=span([r["naive_tflops"] for r in slow], lambda x: f"{x:.1f}"),
+        naive_tflops_d128=span([r["naive_tflops"] for r in slow if r["D"] == 128], lambda x: f"{x:.1f}"),
+        mma_over_tiled=span([r["mma_tflops"] / r["tiled_tflops"] for r in slow], f0, ""),
+        wg_over_mma=span([r["wgmma_tflops"] / r["mma_tflops"] for r in rows], lambda x: f"{x:.1f}", ""),
+    )
+
+
+def fa2_agreement(R):
+    """The largest relative difference, in whole per cent rounded up, between the FA2 figures of the CUDA
+    ladder run and of the Triton run at the same shapes."""
+    tri = {(r["B"], r["H"], r["D"], r["N"], r["causal"]): r for r in R.triton() if r["mode"] == "fwd"}
+    worst = max(abs(r["fa2_tflops"] / tri[(r["B"], r["H"], r["D"], r["N"], r["causal"])]["fa2_tflops"] - 1)
+                for r in R.ladder())
+    return int(-(-worst * 100 // 1))
+
+
+def backward_stats(R):
+    rows = R.backward()
+    tiled = [r["tiled_tflops"] for r in rows if r.get("tiled_tflops") is not None]
+    return dict(ratio=span([r["mma_vs_fa2"] for r in rows], f2, "×"),
+                tflops=span([r["mma_tflops"] for r in rows]),
+                tiled=span(tiled, lambda x: f"{x:.1f}"))
+
+
+def triton_stats(R):
+    rows = R.triton()
+    big = [r for r in rows if r["N"] >= 2048]
+    fwd = [r for r in big if r["mode"] == "fwd"]
+    bwd = [r for r in big if r["mode"] == "bwd"]
+    small_bwd = [r for r in rows if r["N"] < 2048 and r["mode"] == "bwd"]
+    return dict(fwd_ratio=span([r["vs_fa2"] for r in fwd], f2, "×"), fwd_tflops=span([r["triton_tflops"] for r in fwd]),
+                bwd_ratio=span([r["vs_fa2"] for r in bwd], f2, "×"),
+                small_bwd_ratio=span([r["vs_fa2"] for r in small_bwd], f2, "×"),
+                fwd_vs_cudnn=span([r["vs_cudnn"] for r in fwd], f2, "×"),
+                bwd_vs_cudnn=span([r["vs_cudnn"] for r in bwd], f2, "×"),
+                all_vs_cudnn=span([r["vs_cudnn"] for r in big], f2, "×"))
+
+
+def bench_row(R, run, backend, dtype, N, mode="fwd", causal=False):
+    for r in R.bench(run)["results"]:
+        if (r["backend"], r["dtype"], r["Nk"], r["Nq"], r["mode"], r["causal"]) == (backend, dtype, N, N, mode, causal):
+            return r
+    raise KeyError(f"{run}: no row {backend} {dtype} N={N} {mode} causal={causal}")
+
+
+def pytest_summary(R, rel):
+    """(passed, skipped) from the last line of a pytest log."""
+    last = [line for line in R.text(rel).splitlines() if " passed" in line][-1]
+    passed = int(re.search(r"(\d+) passed", last).group(1))
+    skipped = int(re.search(r"(\d+) skipped", last).group(1))
+    return passed, skipped
+
+
+def launch_overhead(R):
+    out = {}
+    for line in R.text("cuda/launch_overhead.txt").splitlines():
+        m = re.match(r"^(sdpa FLASH_ATTENTION \(FA2\)|flash_attn_cuda kernel=\w+|flash_attn_triton)\s+([\d.]+)$", line.strip())
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+# ------------------------------------------------------------------------------------ tables
+SEED_ROWS = [  # (backend, dtype, English label, Chinese label)
+    ("naive-torch", "float16", "naive-torch (standard attention)", "naive-torch（标准注意力）"),
+    ("naive-torch", "float32", "naive-torch (standard attention)", "naive-torch（标准注意力）"),
+    ("torch-split", "float16", "torch-split (Python loop over tiles)", "torch-split（Python 分块循环）"),
+    ("cuda-naive", "float32", "cuda-naive (one thread per row)", "cuda-naive（每行一个线程）"),
+    ("cuda-tiled", "float32", "cuda-tiled (block-cooperative)", "cuda-tiled（线程块协作）"),
+    ("cuda-mma", "float16", "cuda-mma (tensor cores, mma.sync)", "cuda-mma（张量核心，mma.sync）"),
+    ("cuda-wgmma", "float16", "cuda-wgmma (Hopper tensor cores, wgmma)", "cuda-wgmma（Hopper 张量核心，wgmma）"),
+    ("triton", "float16", "triton", "triton"),
+    ("sdpa-flash", "float16", "SDPA FLASH_ATTENTION (FlashAttention-2)", "SDPA FLASH_ATTENTION（FlashAttention-2）"),
+    ("sdpa-cudnn", "float16", "SDPA CUDNN_ATTENTION", "SDPA CUDNN_ATTENTION"),
+]
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+def t_h100_seed(R, lang):
+    """The seeds' configuration on the H100, forward, not causal (docs/results/benchmark/h100-seed)."""
+    rows = []
+    for backend, dtype, en, zh in SEED_ROWS:
+        r = bench_row(R, "h100-seed", backend, dtype, 1024)
+        x = r["speedup_vs_naive"]
+        x_text = (f"{x:.2f}" if x >= 0.1 else f"{x:.1g}") if x is not None else ""
+        if dtype != "float16" and backend != "naive-torch":
+            x_text += H(lang, " (vs naive fp32)", "（相对 naive fp32）")
+        rows.append([zh if lang == "zh" else en, SHORT_DTYPE[dtype], g3(r["time_ms"]), g3(r["tflops"]),
+                     g3(r["mem_extra_mb"]), x_text])
+    header = [H(lang, "backend", "后端"), H(lang, "dtype", "数据类型"), H(lang, "time (ms)", "时间 (ms)"), "TFLOP/s",
+              H(lang, "peak memory above inputs (MiB)", "输入之外的峰值内存 (MiB)"), H(lang, "× naive", "× naive")]
+    return table(header, rows, right={2, 3, 4, 5})
+
+
+def t_fa2_forward(R, lang):
+    """Forward TFLOP/s at N = 2048 and 16384: FA2 and cuDNN (Triton run), triton, cuda-wgmma, cuda-mma."""
+    tri = {(r["B"], r["H"], r["D"], r["N"], r["causal"]): r for r in R.triton() if r["mode"] == "fwd"}
+    lad = {(r["B"], r["H"], r["D"], r["N"], r["causal"]): r for r in R.ladder()}
+    rows = []
+    for (B, Hh, D) in sorted({k[:3] for k in lad}, key=lambda s: s[2]):
+        for causal in (False, True):
+            for i, N in enumerate((2048, 16384)):
+                t, c = tri[(B, Hh, D, N, causal)], lad[(B, Hh, D, N, causal)]
+                label = ""
+                if i == 0:
+                    label = f"B={B} H={Hh} D={D}, " + (H(lang, "causal", "因果") if causal else H(lang, "not causal", "非因果"))
+                rows.append([label, N, f0(t["fa2_tflops"]), f0(t["cudnn_tflops"]), f0(t["triton_tflops"]),
+                             f0(c["wgmma_tflops"]), f0(c["mma_tflops"])])
+    header = [H(lang, "shape", "形状"), "N", "FA2", "cuDNN", "triton", "cuda-wgmma", "cuda-mma"]
+    return table(header, rows, right={1, 2, 3, 4, 5, 6})
+
+
+def t_gpu_summary(R, lang):
+    """README: forward fp16 against FA2 on the H100, per fast backend."""
+    L, T = ladder_stats(R), triton_stats(R)
+    rows = [
+        ["`cuda-wgmma` " + H(lang, "(Hopper `wgmma`, softmax overlapped with the next product)", "（Hopper `wgmma`，softmax 与下一次乘积重叠）"),
+         L["wg_ratio"], L["wg_tflops"]],
+        ["`triton`", T["fwd_ratio"], T["fwd_tflops"]],
+        ["`cuda-mma` " + H(lang, "(`mma.sync`, FA2's own instruction)", "（`mma.sync`，FA2 自己用的指令）"),
+         L["mma_ratio"], L["mma_tflops"]],
+    ]
+    return table([H(lang, "backend", "后端"), H(lang, "vs FA2", "相对 FA2"), "TFLOP/s"], rows)
+
+
+def t_cuda_ladder(R, lang):
+    """Every row of cuda_ladder.json."""
+    rows = []
+    for r in R.ladder():
+        slow = r.get("tiled_tflops") is not None
+        rows.append([r["B"], r["H"], r["D"], r["N"], r["causal"], f"{r['fa2_tflops']:.1f}",
+                     f"{r['wgmma_tflops']:.1f}", f"{r['wgmma_vs_fa2']:.2f}x", f"{r['mma_tflops']:.1f}",
+                     f"{r['mma_vs_fa2']:.2f}x", f"{r['tiled_tflops']:.2f}" if slow else DASH,
+                     f"{r['naive_tflops']:.2f}" if slow else DASH])
+    header = ["B", "H", "D", "N", H(lang, "causal", "因果"), "FA2", "wgmma", "wgmma / FA2", "mma", "mma / FA2",
+              "tiled", "naive"]
+    return table(header, rows)
+
+
+def t_cuda_ladder_summary(R, lang):
+    L = ladder_stats(R)
+    n = L["n"]
+    rows = [
+        ["wgmma", "`wgmma.mma_async` (Hopper, sm_90a)", f"**{L['wg_ratio']}** ({H(lang, 'median', '中位数')} {L['wg_median']})",
+         L["wg_tflops"]],
+        ["mma", "`mma.sync.m16n8k16` (sm_80+)",
+         f"{L['mma_ratio']} (" + H(lang, f"≥ 1.0× on {L['mma_at_least_1']} of {n}",
+                                   f"{n} 个中有 {L['mma_at_least_1']} 个 ≥ 1.0×") + ")",
+         L["mma_tflops"]],
+        ["tiled", "fp32 FFMA", L["tiled_ratio"], L["tiled_tflops"]],
+        ["naive", "fp32 FFMA", L["naive_ratio"], L["naive_tflops"]],
+    ]
+    header = [H(lang, "rung", "阶梯"), H(lang, "instruction", "指令"), H(lang, f"vs FA2, {n} shapes", f"相对 FA2，{n} 个形状"),
+              "TFLOP/s"]
+    return table(header, rows)
+
+
+def t_cuda_backward(R, lang):
+    rows = []
+    for r in R.backward():
+        d = r["max_abs_vs_fa2"]
+        rows.append([r["B"], r["H"], r["D"], r["N"], r["causal"], f"{r['fa2_tflops']:.1f}", f"{r['mma_tflops']:.1f}",
+                     f"{r['mma_vs_fa2']:.2f}x", f"{r['tiled_tflops']:.2f}" if r.get("tiled_tflops") is not None else DASH,
+                     f"{d['dq']:.1e}, {d['dk']:.1e}, {d['dv']:.1e}"])
+    header = ["B", "H", "D", "N", H(lang, "causal", "因果"), "FA2", "mma", "mma / FA2", "tiled",
+              H(lang, "max-abs diff vs FA2 (dq, dk, dv)", "与 FA2 的最大绝对差 (dq, dk, dv)")]
+    return table(header, rows)
+
+
+def t_triton_perf(R, lang):
+    """Triton / FA2 / cuDNN TFLOP/s per shape, mode and N, with the ratio to FA2 against its target."""
+    rows_by = {}
+    for r in R.triton():
+        rows_by.setdefault((r["B"], r["H"], r["D"], r["mode"], r["causal"]), []).append(r)
+    Ns = sorted({r["N"] for r in R.triton()})
+    names = {("fwd", False): H(lang, "fwd full", "前向 非因果"), ("fwd", True): H(lang, "fwd causal", "前向 因果"),
+             ("bwd", True): H(lang, "bwd causal", "反向 因果"), ("bwd", False): H(lang, "bwd full", "反向 非因果")}
+    out = []
+    for key in sorted(rows_by, key=lambda k: (-k[1], k[2], k[3] != "fwd", k[4])):
+        B, Hh, D, mode, causal = key
+        rs = {r["N"]: r for r in rows_by[key]}
+        label = names[(mode, causal)]
+        if not out:
+            label += H(lang, ", Triton / FA2 / cuDNN", "，Triton / FA2 / cuDNN")
+        out.append([f"B{B} H{Hh} D{D}", label] + [
+            f"{r['triton_tflops']:.0f} / {r['fa2_tflops']:.0f} / {r['cudnn_tflops']:.0f}" if r else ""
+            for r in (rs.get(N) for N in Ns)])
+        ratios = []
+        for N in Ns:
+            r = rs.get(N)
+            if r is None:
+                ratios.append("")
+                continue
+            text = f"{r['vs_fa2']:.2f}"
+            if r.get("target") is not None:
+                text = f"**{text}**" if r.get("meets_target") else f"**{text} ({H(lang, 'missed', '未达到')})**"
+            ratios.append(text)
+        out.append(["", "×FA2"] + ratios)
+    header = [H(lang, "shape", "形状"), H(lang, "mode", "模式")] + [f"N={Ns[0]}"] + [str(N) for N in Ns[1:]]
+    return table(header, out)
+
+
+ACCURACY_DTYPES = (("float16", "float16"), ("bfloat16", "bfloat16"), ("float32", "float32 (3xTF32)"))
+
+
+def t_triton_accuracy(R, lang):
+    """Worst errors of the Triton backend on the GPU (docs/results/triton/gpu_errors.json)."""
+    errs = {(e["dtype"], e["quantity"]): e for e in R.json("triton/gpu_errors.json") if e["backend"] == "triton"}
+    rows = []
+    for dtype, label in ACCURACY_DTYPES:
+        if (dtype, "o") not in errs:
+            continue
+        rows.append([label] + [f"{errs[(dtype, q)]['max_abs']:.1e}" for q in ("o", "lse", "dq", "dk", "dv")]
+                    + [f"{errs[(dtype, 'o')]['naive_max_abs']:.1e}"])
+    header = [H(lang, "dtype", "数据类型"), H(lang, "O max-abs", "O 最大绝对误差"), "lse", "dQ", "dK", "dV",
+              H(lang, "naive (same dtype) O max-abs", "同 dtype 朴素实现 O 最大绝对误差")]
+    return table(header, rows)
+
+
+def t_triton_n1024(R, lang):
+    """The N = 1024 causal-backward diagnostics of the Triton run (JSON meta.diagnostics)."""
+    diag = R.json("triton/triton_vs_fa2.json")["meta"]["diagnostics"]
+    tri = {r["N"]: r for r in R.triton() if r["mode"] == "bwd" and r["D"] == 64}
+    names = ("triton", "fa2", "cudnn")
+
+    def us(x):
+        return f"{x:.0f} µs"
+
+    def attn_kernels(name):
+        k = diag[name]["kernels_bwd_causal_B4H32D64_N1024"]
+        parts = {n: t for n, t in k.items() if t > 0 and "elementwise" not in n}
+        return sum(parts.values())
+
+    rows = [
+        [H(lang, "summed GPU kernel time per call (torch.profiler), B4 H32 D64", "每次调用的 GPU kernel 时间之和（torch.profiler），B4 H32 D64")]
+        + [us(diag[n]["gpu_us_bwd_causal_B4H32D64_N1024"]) for n in names],
+        [H(lang, "of which not elementwise copies (the attention kernels)", "其中非逐元素拷贝（注意力 kernel 本身）")]
+        + [us(attn_kernels(n)) for n in names],
+        [H(lang, "summed GPU kernel time per call, B4 H16 D128", "每次调用的 GPU kernel 时间之和，B4 H16 D128")]
+        + [us(diag[n]["gpu_us_bwd_causal_B4H16D128_N1024"]) for n in names],
+        [H(lang, "host time per backward call (tiny problem, CPU-bound)", "每次反向调用的主机时间（极小问题，受 CPU 限制）")]
+        + [us(diag[n]["host_us_per_call_bwd_tiny"]) for n in names],
+        [H(lang, "do_bench median, B4 H32 D64", "do_bench 中位数，B4 H32 D64")]
+        + [us(tri[1024][f"{n}_ms"] * 1e3) for n in names],
+    ]
+    return table([H(lang, "N = 1024, causal backward", "N = 1024，因果反向"), "Triton", "FA2", "cuDNN"], rows)
+
+
+def t_cpu_memory(R, lang):
+    """Peak Python-tracked memory of NumPy standard attention against flash_attn_numpy (M1)."""
+    rows = [[r["N"], f"{r['standard_mib']:.1f} MiB", f"{r['flash_numpy_mib']:.2f} MiB"] for r in R.cpu()["memory"]]
+    return table(["N", H(lang, "standard attention peak", "标准注意力峰值"),
+                  H(lang, "`flash_attn_numpy` peak (Br = Bc = 64)", "`flash_attn_numpy` 峰值（Br = Bc = 64）")], rows)
+
+
+def t_cpu_accuracy(R, lang):
+    """Errors against the float64 reference on the CPU, per dtype (M7)."""
+    acc = {(r["dtype"], r["function"]): r for r in R.cpu()["accuracy"]["rows"]}
+    rows = []
+    for dtype in ("float16", "bfloat16", "float32"):
+        cells = []
+        for fn in ("attention_naive", "flash_attn_torch", "flash_attn_numpy"):
+            r = acc.get((dtype, fn))
+            if r is None:
+                cells.append("—")
+            elif not rows and fn == "attention_naive":
+                cells.append(H(lang, f"max-abs {r['max_abs']:.2e}, rel-norm {r['rel_norm']:.1e}",
+                               f"最大绝对误差 {r['max_abs']:.2e}，相对范数误差 {r['rel_norm']:.1e}"))
+            else:
+                cells.append(f"{r['max_abs']:.1e}, {r['rel_norm']:.1e}")
+        rows.append([SHORT_DTYPE[dtype]] + cells)
+    return table([H(lang, "dtype", "数据类型"), H(lang, "standard attention in that dtype", "同 dtype 的标准注意力"),
+                  "`flash_attn_torch`", "`flash_attn_numpy`"], rows)
+
+
+TABLES = {
+    "cpu-memory": t_cpu_memory,
+    "cpu-accuracy": t_cpu_accuracy,
+    "gpu-summary": t_gpu_summary,
+    "h100-seed": t_h100_seed,
+    "fa2-forward": t_fa2_forward,
+    "cuda-ladder": t_cuda_ladder,
+    "cuda-ladder-summary": t_cuda_ladder_summary,
+    "cuda-backward": t_cuda_backward,
+    "triton-perf": t_triton_perf,
+    "triton-accuracy": t_triton_accuracy,
+    "triton-n1024": t_triton_n1024,
+}
+
+
+# ------------------------------------------------------------------------------------ figures quoted in prose
+def prose(R):
+    """[(page, text)]: each text, built from the result files, must occur verbatim in its page."""
+    L, T, B = ladder_stats(R), triton_stats(R), backward_stats(R)
+    peak = R.bench("h100-default")["matmul_peak_tflops"]
+    peak_seed = R.bench("h100-seed")["matmul_peak_tflops"]
+    seed = {(b, d): bench_row(R, "h100-seed", b, d, 1024) for b, d, *_ in SEED_ROWS}
+    naive16 = seed[("naive-torch", "float16")]
+    flash_seed = [seed[(b, "float16")] for b in ("cuda-mma", "cuda-wgmma", "triton", "sdpa-flash", "sdpa-cudnn")]
+    fast_cuda = [seed[(b, "float16")]["speedup_vs_naive"] for b in ("cuda-mma", "cuda-wgmma")]
+    seed_times = [r["time_ms"] for r in flash_seed] + [naive16["time_ms"]]
+    spread = max(seed[k]["spread_pct"] for k in seed)
+    mem = {N: bench_row(R, "h100-default", "naive-torch", "float16", N) for N in (2048, 8192, 16384)}
+    flash16k = bench_row(R, "h100-default", "triton", "float16", 16384)
+    harness, all_files = pytest_summary(R, "gpu_tests/pytest_harness.log"), pytest_summary(R, "gpu_tests/pytest_all_files.log")
+    tri_log = pytest_summary(R, "triton/gpu_pytest.log")
+    host = launch_overhead(R)
+    cuda_host = span([host["flash_attn_cuda kernel=mma"], host["flash_attn_cuda kernel=wgmma"]])
+    diag = R.json("triton/triton_vs_fa2.json")["meta"]["diagnostics"]
+    tri_host_bwd = f0(diag["triton"]["host_us_per_call_bwd_tiny"])
+    aot = R.json("triton/aot.json")
+    cpu = R.cpu()
+    m1 = cpu["memory"]
+    m1_std = " → ".join(f"{r['standard_mib']:.0f}" for r in m1)
+    m1_flash = " → ".join(f"{r['flash_numpy_mib']:.2f}" for r in m1)
+    hbm = {r["loop_order"]: r["elements"] for r in cpu["hbm"]["rows"]}
+    std = cpu["hbm"]["standard_elements"]
+    tail = cpu["tail_bug"]
+    acc16 = {r["function"]: r for r in cpu["accuracy"]["rows"] if r["dtype"] == "float16"}
+
+    def spaced(n):
+        return f"{n:,}".replace(",", " ")
+
+    return [
+        # CPU measurements (docs/results/cpu/measurements.json)
+        ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
+        ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
+        ("docs/faq.md", f"has a relative-norm error of {100 * tail['rel_norm']:.1f}% and would pass, although its max-abs error, "
+                        f"{tail['max_abs']:.2f}, is about {tail['times_bound']:.0f} times our fp16 bound (2 × "
+                        f"{acc16['attention_naive']['max_abs'] * 1e3:.2f}·10⁻³ + 2·10⁻³ ≈ {tail['fp16_bound'] * 1e3:.1f}·10⁻³)"),
+        ("docs/faq.md", f"Relative errors of ~{acc16['flash_attn_torch']['rel_norm'] * 1e4:.0f}·10⁻⁴ in fp16"),
+        ("docs/algorithm.md", f"| standard attention | 4N² + 4Nd | {spaced(std)} |"),
+        ("docs/algorithm.md", f"(measured) | 2Nd + Tc(3Nd + 4N) | {spaced(hbm['v1'])} |"),
+        ("docs/algorithm.md", f"(measured) | 2Nd + 2Nd·Tr + N | {spaced(hbm['v2'])} |"),
+        ("docs/algorithm.md", f"move {std / hbm['v1']:.1f}x (v1) and {std / hbm['v2']:.1f}x (v2) fewer elements"),
+        # README.md
+        ("README.md", f"Backward, fp16, same shapes: `triton` (causal) {T['bwd_ratio']} FA2 at N ≥ 2048"),
+        ("README.md", f"shared by `cuda-mma` and `cuda-wgmma`) {B['ratio']} ({B['tflops']} TFLOP/s)"),
+        # docs/performance.md
+        ("docs/performance.md", f"fp16 matmul {f0(peak['float16'])} TFLOP/s, tf32 matmul {f0(peak['float32 (tf32)'])} TFLOP/s, "
+                                f"plain fp32 matmul {f0(peak['float32'])} TFLOP/s"),
+        ("docs/performance.md", f"measured {f0(peak_seed['float16'])} and {f0(peak_seed['float32 (tf32)'])}"),
+        ("docs/performance.md", f"the CUDA tensor-core kernels are {span(fast_cuda, lambda x: f'{x:.1f}', '×')} faster"),
+        ("docs/performance.md", f"needs {span([r['mem_extra_mb'] for r in flash_seed], g3)} MiB above the inputs against "
+                                f"{g3(naive16['mem_extra_mb'])} MiB for the score matrix"),
+        ("docs/performance.md", f"one call takes {span(seed_times, lambda x: f'{x:.2g}')} ms"),
+        ("docs/performance.md", f"spread up to {f0(spread)} %"),
+        ("docs/performance.md", f"FA2 in the CUDA run measured within {fa2_agreement(R)} % of these"),
+        ("docs/performance.md", f"Triton: forward {T['fwd_ratio']} FA2 at N ≥ 2048 and causal backward {T['bwd_ratio']} FA2"),
+        ("docs/performance.md", f"causal backward is {T['small_bwd_ratio']} FA2 because each call costs about "
+                                f"{tri_host_bwd} µs of host time"),
+        ("docs/performance.md", f"cuDNN stays ahead at N ≥ 2048 (Triton {T['all_vs_cudnn']} of it)"),
+        ("docs/performance.md", f"cuda-wgmma: **{L['wg_ratio']} FA2** on all {L['n']} shapes of the CUDA run "
+                                f"({L['wg_tflops']} TFLOP/s)"),
+        ("docs/performance.md", f"cuda-mma: {L['mma_ratio']} FA2 (at or above 1.0× on {L['mma_at_least_1']} of {L['n']} shapes)"),
+        ("docs/performance.md", f"{B['tflops']} TFLOP/s,\n  **{B['ratio']} FA2's backward**"),
+        ("docs/performance.md", f"up from the\n  {B['tiled']} TFLOP/s of the fp32 tiled backward"),
+        ("docs/performance.md", f"tiled reaches {L['tiled_tflops']} TFLOP/s and naive {L['naive_tflops']}"),
+        ("docs/performance.md", f"naive drops to {L['naive_tflops_d128']} at D = 128"),
+        ("docs/performance.md", f"standard attention needs {f0(mem[2048]['mem_extra_mb'])} MiB above the inputs at N = 2048 and "
+                                f"{f0(mem[8192]['mem_extra_mb'])} MiB at N = 8192"),
+        ("docs/performance.md", f"({g3(flash16k['mem_extra_mb'])} MiB at N = 16384)"),
+        ("docs/performance.md", f"({harness[0]} passed; the {harness[1]} skipped"),
+        ("docs/performance.md", f"the whole suite: {all_files[0]} passed, {all_files[1]} skipped"),
+        ("docs/performance.md", f"about {cuda_host} µs per call against {f0(host['sdpa FLASH_ATTENTION (FA2)'])} µs for SDPA's "
+                                f"C++ path and {f0(host['flash_attn_triton'])} µs for Triton's"),
+        # docs/backend_torch_split.md
+        ("docs/backend_torch_split.md", f"{g3(seed[('torch-split', 'float16')]['time_ms'])} ms against "
+                                        f"{g3(naive16['time_ms'])} ms for\n  standard attention in fp16"),
+        # docs/faq.md
+        ("docs/faq.md", f"{L['wg_ratio']} the\n   forward TFLOP/s of FlashAttention-2 on an H100, against {L['mma_ratio']} for `cuda-mma`"),
+        # docs/backend_cuda.md
+        ("docs/backend_cuda.md", f"Measured on an H100: {L['wg_ratio']} the TFLOP/s of FlashAttention-2"),
+        ("docs/backend_cuda.md", f"{B['ratio']} FlashAttention-2's backward on an H100 ({B['tflops']} TFLOP/s"),
+        ("docs/backend_cuda.md", f"CUDA-core FFMA throughout ({B['tiled']} TFLOP/s"),
+        ("docs/backend_cuda.md", f"each call costs about {cuda_host} µs of Python"),
+        ("docs/backend_cuda.md", f"at {B['ratio']} FA2; there"),
+        # benchmarks/README.md
+        ("benchmarks/README.md", f"the recorded run took {R.bench('cpu-default')['meta']['wall_s']:.1f} s on "
+                                 f"{R.bench('cpu-default')['meta']['cpu_count']} cores"),
+        # docs/results/cuda/README.md
+        ("docs/results/cuda/README.md", f"(×{L['mma_over_tiled']} at the same N, fp16 against"),
+        ("docs/results/cuda/README.md", f"Hopper's own tensor-core instruction (×{L['wg_over_mma']})"),
+        ("docs/results/cuda/README.md", f"SDPA (C++) {f0(host['sdpa FLASH_ATTENTION (FA2)'])} µs, `flash_attn_cuda` {cuda_host} µs, "
+                                        f"Triton {f0(host['flash_attn_triton'])} µs"),
+        ("docs/results/cuda/README.md", f"was\n{span([peak['float16'], peak_seed['float16']])} TFLOP/s in the recorded benchmark runs"),
+        ("docs/results/cuda/README.md", "(warps, looped tile rows) = " + ", ".join(
+            f"({c['warps']}, {c['tile']}) {c['ms_total']:.1f}" + (" ms" if i == 0 else "")
+            for i, c in enumerate(sorted(R.json("cuda/cuda_backward.json")["sweep"], key=lambda c: c["ms_total"])))),
+        # docs/results/triton/README.md
+        ("docs/results/triton/README.md", f"(forward {T['fwd_ratio']},\nbackward {T['bwd_ratio']} FA2)"),
+        ("docs/results/triton/README.md", f"(forward {T['fwd_vs_cudnn']}, backward {T['bwd_vs_cudnn']})"),
+        ("docs/results/triton/README.md", f"**{tri_log[0]} passed**, {tri_log[1]} skipped"),
+        ("docs/results/triton/README.md", f"about {tri_host_bwd} µs of Python per call"),
+        ("docs/results/triton/README.md", "brought it to " + span([r["vs_fa2"] for r in R.triton() if r["N"] < 2048
+                                                                   and r["mode"] == "fwd"], f2, "×")),
+        ("docs/results/triton/README.md", f"worst case over {R.json('triton/gpu_errors.json')[0]['cases']} cases"),
+        ("docs/results/triton/README.md", f"{len(aot)} kernel variants compiled for "
+                                          f"{' and '.join(f'sm_{a}' for a in sorted({v['arch'] for v in aot}))} "
+                                          f"({sum(1 for v in aot if not v['fits'])} failures"),
+    ]
+
+
+# ------------------------------------------------------------------------------------ driver
+def _flat(text):
+    """Runs of white space (line breaks, indentation) as one space: prose may wrap anywhere."""
+    return " ".join(text.split())
+
+
+def pages(root):
+    out = []
+    for pattern in PAGE_GLOBS:
+        out += sorted(glob.glob(os.path.join(root, pattern)))
+    return [p for p in dict.fromkeys(out) if os.path.isfile(p)]
+
+
+def render(root, path, text, R):
+    """``text`` with every generated block rewritten; returns (new text, [problems])."""
+    rel = os.path.relpath(path, root).replace(os.sep, "/")
+    lang = "zh" if rel.startswith("docs/zh/") else "en"
+    problems = []
+
+    def sub(m):
+        indent, name = m.group(1), m.group(3)
+        fn = TABLES.get(name)
+        if fn is None:
+            problems.append(f"{rel}: unknown generated block {name!r} (known: {', '.join(TABLES)})")
+            return m.group(0)
+        try:
+            body = fn(R, lang)
+        except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
+            problems.append(f"{rel}: block {name!r} cannot be built from docs/results: {type(exc).__name__}: {exc}")
+            return m.group(0)
+        body = "\n".join(indent + line if line else line for line in body.split("\n"))
+        return indent + m.group(2) + body + "\n" + m.group(5)
+
+    new = MARKER.sub(sub, text)
+    begins = len(re.findall(r"<!-- BEGIN GENERATED: ", text))
+    if begins != len(MARKER.findall(text)):
+        problems.append(f"{rel}: a BEGIN GENERATED marker without its matching END marker")
+    return new, problems
+
+
+def run(root=ROOT, check=False, out=sys.stdout):
+    """Rewrite (or, with check=True, compare) every generated block and check the prose figures.
+    Returns the list of problems (stale blocks, missing prose figures, unreadable files)."""
+    R = Results(root)
+    problems = []
+    for path in pages(root):
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new, probs = render(root, path, text, R)
+        problems += probs
+        if new != text:
+            if check:
+                diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), f"{rel} (page)",
+                                                    f"{rel} (from docs/results)", n=0))
+                problems.append(f"{rel}: a generated table is stale (run python tools/docs_tables.py)\n{diff}")
+            else:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+                print(f"rewrote {rel}", file=out)
+    try:
+        quoted = prose(R)
+    except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
+        return problems + [f"prose figures cannot be built from docs/results: {type(exc).__name__}: {exc}"]
+    texts = {}
+    for page, expected in quoted:
+        if page not in texts:
+            try:
+                with open(os.path.join(root, page), encoding="utf-8") as f:
+                    texts[page] = f.read()
+            except OSError as exc:
+                problems.append(f"{page}: cannot read: {exc}")
+                texts[page] = None
+        if texts[page] is not None and _flat(expected) not in _flat(texts[page]):
+            problems.append(f"{page}: the figure quoted in prose does not match its result file; expected the text "
+                            f"{expected!r}")
+    return problems
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python tools/docs_tables.py", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 and list what is stale")
+    p.add_argument("--root", default=ROOT, help="repository root (default: this checkout)")
+    args = p.parse_args(argv)
+    problems = run(args.root, check=args.check)
+    for line in problems:
+        print(line)
+    if problems:
+        if not args.check:
+            print(f"{len(problems)} problem(s) left after rewriting the tables: fix the prose figures above by hand")
+        return 1
+    print("docs tables and quoted figures match docs/results" if args.check else "docs tables rewritten; quoted figures match")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
