@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The project's GPU check, run on a CUDA machine from the repository root (nothing needs installing
 # beyond torch, triton, cupy, pytest, pytest-xdist, matplotlib, tqdm):
-#   OUT=gpu_out bash .ci/gpu_run.sh tests        # the whole pytest suite on the GPU, accuracy table in JSON
-#   OUT=gpu_out bash .ci/gpu_run.sh seed         # benchmark: the seed documents' configuration
-#   OUT=gpu_out bash .ci/gpu_run.sh sweep        # benchmark: the default GPU sweep
-#   OUT=gpu_out bash .ci/gpu_run.sh cuda         # CUDA ladder vs FA2 (with the config sweep), SASS counts,
-#                                                # host time per call
-#   OUT=gpu_out bash .ci/gpu_run.sh sanitizer    # compute-sanitizer memcheck + racecheck over every CUDA kernel
+#   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
+#   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration
+#   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep
+#   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder vs FA2 (with the config sweep), SASS counts,
+#                                                      # host time per call
+#   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
+#   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
+# Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
+# one archive, gpu_results.tgz (handy when the results are copied off a remote machine).
 # Each step has its own time limit, so one slow step cannot hide the others' results.
 set -u
 OUT=${OUT:-gpu_out}
+if [ "${1:-}" = "--out" ]; then OUT=$2; shift 2; fi
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 { nvidia-smi -L; python3 -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__, 'cuda', torch.version.cuda)"; } > "$OUT/env.txt" 2>&1
@@ -43,11 +47,14 @@ for step in "$@"; do
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 flash_attention_cuda/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | sanitizer)"; exit 2 ;;
+    ncu)
+      timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
+      echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | sanitizer | ncu)"; exit 2 ;;
   esac
 done
-# the device tool brings back at most 8 files: pack everything into one archive
-if [ -n "${PACK:-1}" ] && [ "${PACK:-1}" != 0 ]; then
+# PACK=1: everything in one archive
+if [ "${PACK:-0}" != 0 ]; then
   tar czf "/tmp/gpu_results.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/gpu_results.tgz "$OUT/gpu_results.tgz"
   ls -la "$OUT"
 fi

@@ -1,4 +1,4 @@
-"""Run compute-sanitizer (memcheck and racecheck) over every kernel of the CUDA ladder.
+"""Run compute-sanitizer (memcheck, racecheck and synccheck) over every kernel of the CUDA ladder.
 
     PYTHONPATH=. python3 flash_attention_cuda/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
 
@@ -61,7 +61,7 @@ def inner() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--tools", default="memcheck,racecheck")
+    ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
     args = ap.parse_args()

@@ -130,6 +130,16 @@ def _cuda_probe(device: str) -> Optional[str]:
     return cuda_unavailable_reason()
 
 
+def _cuda_tiled_probe(device: str) -> Optional[str]:
+    # a student release (notebooks/labs/release.py) ships lab 3's template as tiled.cu: its bodies are the lab
+    tiled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flash_attention_cuda", "kernels", "tiled.cu")
+    if os.path.isfile(tiled):
+        with open(tiled) as f:
+            if "is not written yet" in f.read():
+                return "student release: tiled.cu is lab 3's template"
+    return cuda_unavailable_reason()
+
+
 def _cuda_hopper_probe(device: str) -> Optional[str]:
     reason = cuda_unavailable_reason()
     if reason is None:
@@ -191,7 +201,7 @@ BACKENDS = (
         name="cuda-tiled", rung="cuda",
         description="CUDA through CuPy: block-cooperative tiles, warp-shuffle softmax (fp32)",
         target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "tiled"},
-        dtypes={"cuda": ("float32",)}, backward=True, max_head_dim=128, probe=_cuda_probe,
+        dtypes={"cuda": ("float32",)}, backward=True, max_head_dim=128, probe=_cuda_tiled_probe,
     ),
     Backend(
         name="cuda-mma", rung="cuda",

@@ -19,12 +19,15 @@ Your job: write the loop body between the two ``-----`` lines of the kernel (abo
     P_ij  = exp2(S_ij - m_new)            (rows with m_new = -inf must give P = 0, not NaN)
     alpha = exp2(m_i - m_new)
     l_i   = alpha * l_i + rowsum(P_ij)    tl.sum(p, 1)
-    acc   = alpha * acc + P_ij V_j        alpha[:, None], tl.dot(p, v, input_precision="ieee")
+    acc   = alpha * acc + P_ij V_j        alpha[:, None], tl.dot(p.to(v.dtype), v, input_precision="ieee")
     m_i   = m_new
 
 then delete the ``tl.static_assert(False, ...)`` line. Everything else (pointer arithmetic, loads,
-the ``visible`` mask, the epilogue, the Python wrapper) is given. Check your work from the
-repository root (the grader runs the kernel on the CPU under TRITON_INTERPRET=1, float32, N <= 128):
+the ``visible`` mask, the epilogue, the Python wrapper) is given: the grader takes only the loop body
+from your file and runs it inside its own copy of the kernel and wrapper. Your body must work for
+float32 and for float16/bfloat16 inputs (hence ``p.to(v.dtype)``: tensor cores take P_ij in V's dtype).
+Check your work from the repository root (on a CPU the grader runs the kernel under
+TRITON_INTERPRET=1 with N <= 128; on a GPU it also measures the fp16 speed, the performance part):
 
     python notebooks/labs/grade.py lab2                   # grades this file
     python notebooks/labs/grade.py lab2 path/to/copy.py   # grades your own copy
@@ -103,18 +106,20 @@ def _lab2_fwd_kernel(
     tl.store(LSE + off_bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=32, block_n=32):
+def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=32, block_n=32,
+                    num_warps=4, num_stages=2):
     """Forward attention with the lab-2 kernel. GIVEN.
 
-    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 torch tensors on one device (the CPU under
-    TRITON_INTERPRET=1, or a CUDA GPU), any strides. causal is bottom-right aligned.
-    block_m (BLOCK_M) and block_n (BLOCK_N): powers of two >= 16.
-    Returns O (B, H, Nq, D) float32, and lse (B, H, Nq) float32 (natural log) if return_lse.
+    q (B, H, Nq, D), k and v (B, H, Nk, D): float32, float16 or bfloat16 torch tensors of one dtype on
+    one device (the CPU under TRITON_INTERPRET=1, or a CUDA GPU), any strides. causal is bottom-right
+    aligned. block_m (BLOCK_M) and block_n (BLOCK_N): powers of two >= 16; num_warps and num_stages are
+    passed to the launch (they matter on a GPU only).
+    Returns O (B, H, Nq, D) in q's dtype, and lse (B, H, Nq) float32 (natural log) if return_lse.
     """
     import torch
 
     fn = "flash_attn_lab2"
-    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=("float32",))
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=("float32", "float16", "bfloat16"))
     check_flag(causal, "causal", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
     for name, bs in (("block_m", block_m), ("block_n", block_n)):
@@ -129,5 +134,6 @@ def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, Nq, Nk, D, scale * LOG2_E, Nk - Nq,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        num_warps=num_warps, num_stages=num_stages,
     )
     return (o, lse) if return_lse else o

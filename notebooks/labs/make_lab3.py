@@ -40,8 +40,13 @@ HEADER = """\
 // fa::visible(i, j, Nk, Nk - Nq, causal), FA_NEG_INF, FA_LN2. Scores are in log2 units.
 // Everything outside the four bodies is given: do not change it.
 //
-// Grade it from the repository root (nvcc compiles it anywhere; on a GPU the grader also launches it
-// through the repository's launcher and runs the shared test cases):
+// Grade it from the repository root. The grader takes only the four bodies from this file and puts
+// them into the repository's own kernel (tiled.cu), then runs the shared test cases against the
+// float64 reference. On a GPU it launches the real kernel; without one it compiles the kernel as host
+// C++ (g++) under a small CUDA emulation (notebooks/labs/emu/: threads as fibers, warp shuffles and
+// barriers in lock-step) and runs small cases on the CPU, with the same numeric hints. Between two
+// synchronising calls the emulation runs one lane at a time, so a lane that reads what another lane
+// wrote to shared memory must first wait for it with __syncwarp(), as CUDA requires:
 //     python notebooks/labs/grade.py lab3                   # grades this file
 //     python notebooks/labs/grade.py lab3 path/to/copy.cu   # grades your own copy
 //     python notebooks/labs/grade.py lab3 --solution        # grades tiled.cu itself

@@ -77,7 +77,8 @@ def _lab2_fwd_kernel(
         # l_new = alpha * l_old + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         # acc = alpha * acc + P_ij V_j
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        # (P_ij in V's dtype: fp16 tensor cores for fp16 inputs; a no-op in float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         # ---------------------------------------------------------------- end of the loop body
 
@@ -92,18 +93,20 @@ def _lab2_fwd_kernel(
     tl.store(LSE + off_bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=32, block_n=32):
+def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=32, block_n=32,
+                    num_warps=4, num_stages=2):
     """Forward attention with the lab-2 kernel. GIVEN.
 
-    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 torch tensors on one device (the CPU under
-    TRITON_INTERPRET=1, or a CUDA GPU), any strides. causal is bottom-right aligned.
-    block_m (BLOCK_M) and block_n (BLOCK_N): powers of two >= 16.
-    Returns O (B, H, Nq, D) float32, and lse (B, H, Nq) float32 (natural log) if return_lse.
+    q (B, H, Nq, D), k and v (B, H, Nk, D): float32, float16 or bfloat16 torch tensors of one dtype on
+    one device (the CPU under TRITON_INTERPRET=1, or a CUDA GPU), any strides. causal is bottom-right
+    aligned. block_m (BLOCK_M) and block_n (BLOCK_N): powers of two >= 16; num_warps and num_stages are
+    passed to the launch (they matter on a GPU only).
+    Returns O (B, H, Nq, D) in q's dtype, and lse (B, H, Nq) float32 (natural log) if return_lse.
     """
     import torch
 
     fn = "flash_attn_lab2"
-    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=("float32",))
+    B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=("float32", "float16", "bfloat16"))
     check_flag(causal, "causal", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
     for name, bs in (("block_m", block_m), ("block_n", block_n)):
@@ -118,5 +121,6 @@ def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, Nq, Nk, D, scale * LOG2_E, Nk - Nq,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        num_warps=num_warps, num_stages=num_stages,
     )
     return (o, lse) if return_lse else o
