@@ -5,13 +5,19 @@
 * says whether there is a CUDA GPU (``HAS_GPU``) and, when there is none, sets
   ``TRITON_INTERPRET=1`` so that Triton kernels run on the CPU under Triton's interpreter
   (it must be set before ``flash_attention_triton`` is first imported);
-* ``skip(what)`` prints one line saying which GPU-only step a CPU run leaves out.
+* ``skip(what)`` prints one line saying which GPU-only step a CPU run leaves out;
+* ``check(answer, test, correct, hint)`` gives feedback on an exercise ("Correct: ..." or "Not yet: ...")
+  and never raises, so a notebook with the worked answers removed still runs top to bottom;
+* ``RESULTS`` is ``docs/results/``, where the measurements recorded on an H100 live, and
+  ``recorded(relpath)`` reads one of its JSON files (None when it is missing).
 """
+import json
 import os
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -44,4 +50,30 @@ def describe_machine() -> str:
     return "CPU only: GPU cells will print what they skip; Triton runs under TRITON_INTERPRET=1"
 
 
-__all__ = ["ROOT", "HAS_GPU", "DEVICE", "skip", "describe_machine"]
+def check(answer, test, correct: str, hint: str) -> None:
+    """Exercise feedback. ``test(answer)`` decides; prints "Correct: <correct>" or "Not yet: <hint>".
+
+    ``answer`` None means the exercise is not done yet. Never raises: an exception inside ``test`` (a
+    wrong shape, a function that returns None, ...) is reported as "Not yet" with its message.
+    """
+    if answer is None:
+        print(f"Not yet: `answer` is still None. {hint}")
+        return
+    try:
+        ok = bool(test(answer))
+    except Exception as exc:  # a half-written answer: say what went wrong, do not stop the notebook
+        ok = False
+        hint = f"{hint} (checking your answer raised {type(exc).__name__}: {exc})"
+    print(f"Correct: {correct}" if ok else f"Not yet: {hint}")
+
+
+def recorded(relpath: str):
+    """The JSON file ``docs/results/<relpath>`` (measured on an H100 and committed), or None if absent."""
+    path = RESULTS / relpath
+    if not path.exists():
+        print(f"no recorded results at {path}")
+        return None
+    return json.loads(path.read_text())
+
+
+__all__ = ["ROOT", "RESULTS", "HAS_GPU", "DEVICE", "skip", "describe_machine", "check", "recorded"]

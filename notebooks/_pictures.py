@@ -1,0 +1,232 @@
+"""Drawings used by the notebooks (and by ``tools/make_tile_walk_gif.py``); plain NumPy + matplotlib.
+
+* ``tile_walk_animation(...)``: the v1 and v2 loop orders walking the (Tr, Tc) grid of S tiles, with
+  causal block skipping, and the running m_i, l_i and O of one query row as its tiles arrive.
+* ``animation_html(anim)``: ``anim.to_jshtml()`` made self-contained (the player's buttons as text
+  symbols instead of an icon font fetched from a CDN), for notebooks read offline or on the built site.
+* ``draw_mma_fragments(ax_a, ax_c)``: which lane of a warp holds which element of the A (16 x 16) and
+  C (16 x 8) tiles of ``mma.sync.m16n8k16`` (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+* ``draw_swizzle(ax_logical, ax_physical)``: the XOR swizzle of ``mma.cu`` / ``smem_tiles.cuh``:
+  16-byte chunk c of shared-memory row r is stored at chunk c ^ (r % 8).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def visited_tiles(Tr: int, Tc: int, Br: int, Bc: int, causal: bool, order: str) -> list[tuple[int, int]]:
+    """The (i, j) tiles of S that a loop order computes, in the order it computes them.
+
+    Nq = Tr * Br queries, Nk = Tc * Bc keys; with ``causal`` (bottom-right aligned, as everywhere in
+    this repository) query r sees key c iff c <= r + Nk - Nq, and a tile no query of which sees any of
+    its keys is skipped. ``order`` is ``"v1"`` (outer j over K/V blocks, inner i over Q blocks) or
+    ``"v2"`` (outer i, inner j).
+    """
+    if order not in ("v1", "v2"):
+        raise ValueError(f"visited_tiles: order must be 'v1' or 'v2', got {order!r}")
+    shift = Tc * Bc - Tr * Br
+
+    def needed(i, j):
+        return not causal or j * Bc <= (i + 1) * Br - 1 + shift
+
+    if order == "v2":
+        return [(i, j) for i in range(Tr) for j in range(Tc) if needed(i, j)]
+    return [(i, j) for j in range(Tc) for i in range(Tr) if needed(i, j)]
+
+
+def _row_history(S_row, V, Bc, tiles, i_row):
+    """Running (m, l, O = acc / l) of one query row after each of ``tiles`` (None where the row is untouched)."""
+    m, l, acc = -np.inf, 0.0, np.zeros(V.shape[1])
+    hist = []
+    for (i, j) in tiles:
+        if i == i_row:
+            s = S_row[j * Bc:(j + 1) * Bc]
+            m_new = max(m, s.max())
+            if np.isfinite(m_new):
+                alpha = np.exp(m - m_new)
+                p = np.exp(s - m_new)
+                l = alpha * l + p.sum()
+                acc = alpha * acc + p @ V[j * Bc:(j + 1) * Bc]
+                m = m_new
+        hist.append((m, l, acc / l if l > 0 else np.zeros_like(acc)))
+    return hist
+
+
+def tile_walk_animation(Tr: int = 6, Tc: int = 6, Br: int = 4, Bc: int = 4, D: int = 6, causal: bool = True,
+                        dpi: int = 72, interval: int = 700, seed: int | None = None):
+    """A ``matplotlib.animation.FuncAnimation`` of both loop orders side by side (one frame per tile).
+
+    Row 1 is v1, row 2 is v2. Left: the (Tr, Tc) grid of S tiles (grey crosses: skipped by the causal
+    mask; orange: the tile being computed; blue: done; the outline marks what stays in SRAM through
+    the inner loop: K_j, V_j in v1, Q_i and acc_i in v2). Middle: the running max m and sum l of one
+    query row (the middle row of the last Q block). Right: that row's running O = acc / l, one bar per
+    column of the head, against the float64 reference (black ticks). Fresh random inputs each call
+    unless ``seed`` is given. Use ``.to_jshtml()`` in a notebook, ``.save(path, writer="pillow")`` for a GIF.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib import animation
+    from matplotlib.patches import Rectangle
+
+    rng = np.random.default_rng(seed)
+    Nq, Nk = Tr * Br, Tc * Bc
+    q, k, v = (rng.standard_normal((n, D)) for n in (Nq, Nk, Nk))
+    S = q @ k.T / np.sqrt(D)
+    if causal:
+        S = np.where(np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + Nk - Nq, S, -np.inf)
+    i_row, r = Tr - 1, (Tr - 1) * Br + Br // 2
+    P = np.exp(S[r] - S[r].max())
+    O_ref = (P / P.sum()) @ v
+
+    walks = {o: visited_tiles(Tr, Tc, Br, Bc, causal, o) for o in ("v1", "v2")}
+    hists = {o: _row_history(S[r], v, Bc, walks[o], i_row) for o in walks}
+    n_frames = len(walks["v1"]) + 1
+    m_all = [h[0] for o in hists for h in hists[o] if np.isfinite(h[0])]
+    l_all = [h[1] for o in hists for h in hists[o]]
+    o_lim = 1.15 * max(np.abs(O_ref).max(), max(np.abs(h[2]).max() for o in hists for h in hists[o]))
+
+    fig, axes = plt.subplots(2, 3, figsize=(10, 5.6), gridspec_kw={"width_ratios": [1.1, 1.2, 1.2]}, dpi=dpi)
+    title = fig.suptitle("", fontsize=9)
+    art = {}   # artists made once and updated per frame (rebuilding axes per frame is several times slower)
+    for row, order in enumerate(("v1", "v2")):
+        ax_grid, ax_ml, ax_o = axes[row]
+        walk = walks[order]
+        cells = {}
+        for i in range(Tr):
+            for j in range(Tc):
+                if (i, j) in walk:
+                    cells[i, j] = ax_grid.add_patch(Rectangle((j, i), 1, 1, facecolor="white", edgecolor="0.4"))
+                else:
+                    ax_grid.add_patch(Rectangle((j, i), 1, 1, facecolor="0.88", edgecolor="0.6", hatch="xx"))
+        sram = ax_grid.add_patch(Rectangle((0, 0), 1, 1, fill=False, edgecolor="C3", lw=2.5, visible=False))
+        ax_grid.add_patch(Rectangle((0, i_row + 0.5 - 0.04), Tc, 0.08, color="k"))
+        ax_grid.set_xlim(0, Tc); ax_grid.set_ylim(Tr, 0); ax_grid.set_aspect("equal")
+        ax_grid.set_xticks(np.arange(Tc) + 0.5, [str(j) for j in range(Tc)], fontsize=7)
+        ax_grid.set_yticks(np.arange(Tr) + 0.5, [str(i) for i in range(Tr)], fontsize=7)
+        ax_grid.set_xlabel("K/V block j", fontsize=8); ax_grid.set_ylabel("Q block i", fontsize=8)
+        inner = "inner i (K_j, V_j stay)" if order == "v1" else "inner j (Q_i, acc_i stay)"
+        ax_grid.set_title(f"{order}: {'outer j' if order == 'v1' else 'outer i'}, {inner}", fontsize=8)
+
+        ax_l = ax_ml.twinx()
+        (m_line,) = ax_ml.plot([], [], "o-", color="C0", ms=3)
+        (l_line,) = ax_l.plot([], [], "s-", color="C2", ms=3)
+        ax_ml.set_xlim(0, n_frames); ax_ml.set_ylim(min(m_all) - 0.3, max(m_all) + 0.3)
+        ax_l.set_ylim(0, 1.1 * max(l_all)); ax_l.tick_params(labelsize=7); ax_ml.tick_params(labelsize=7)
+        ax_ml.set_xlabel("tiles computed", fontsize=8)
+        ax_ml.set_ylabel("m_i", fontsize=8, color="C0"); ax_l.set_ylabel("l_i", fontsize=8, color="C2")
+        ax_ml.set_title(f"row {r} (black bar): running m_i (blue), l_i (green)", fontsize=8)
+
+        bars = ax_o.bar(np.arange(D), np.zeros(D), color="C4", alpha=0.8, label="acc / l now")
+        ax_o.plot(np.arange(D), O_ref, "k_", ms=14, mew=2, label="reference O")
+        ax_o.set_ylim(-o_lim, o_lim); ax_o.axhline(0, color="0.5", lw=0.5)
+        ax_o.set_xticks(range(D)); ax_o.tick_params(labelsize=7)
+        ax_o.set_xlabel("column of O (head dim)", fontsize=8)
+        ax_o.set_title(f"row {r} of O = acc / l", fontsize=8)
+        if row == 0:
+            ax_o.legend(fontsize=6, loc="lower right")
+        art[order] = (cells, sram, m_line, l_line, bars)
+
+    def draw(frame):
+        for order in ("v1", "v2"):
+            cells, sram, m_line, l_line, bars = art[order]
+            walk, hist = walks[order], hists[order]
+            cur = walk[frame - 1] if frame > 0 else None
+            for n, tile in enumerate(walk):
+                cells[tile].set_facecolor("C1" if tile == cur else ("#9ecae1" if n < frame else "white"))
+            if cur is None:
+                sram.set_visible(False)
+            elif order == "v1":   # what the inner loop keeps on chip: K_j, V_j (a column of tiles) ...
+                sram.set_bounds(cur[1], 0, 1, Tr); sram.set_visible(True)
+            else:                 # ... or Q_i, acc_i, m_i, l_i (a row of tiles)
+                sram.set_bounds(0, cur[0], Tc, 1); sram.set_visible(True)
+            steps = np.arange(1, frame + 1)
+            m_line.set_data(steps, [hist[s - 1][0] if np.isfinite(hist[s - 1][0]) else np.nan for s in steps])
+            l_line.set_data(steps, [hist[s - 1][1] for s in steps])
+            O_now = hist[frame - 1][2] if frame > 0 else np.zeros(D)
+            for bar, h in zip(bars, O_now):
+                bar.set_height(h)
+        title.set_text(f"tile walk, Tr = {Tr}, Tc = {Tc}, Br = {Br}, Bc = {Bc}, causal = {causal}: "
+                       f"tile {frame} of {n_frames - 1}")
+        return []
+
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    anim = animation.FuncAnimation(fig, draw, frames=n_frames, interval=interval, blit=False)
+    plt.close(fig)
+    return anim
+
+
+_BUTTONS = {"fast-backward": "|&lt;&lt;", "step-backward": "&lt;", "play": "&#9654;", "play fa-flip-horizontal": "&#9664;", "pause": "||",
+            "step-forward": "&gt;", "fast-forward": "&gt;&gt;|", "minus": "&minus;", "plus": "+"}
+
+
+def animation_html(anim) -> str:
+    """HTML/JS player of a matplotlib animation (``to_jshtml``) that loads nothing from the network."""
+    import re
+
+    html = anim.to_jshtml()
+    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
+    return re.sub(r'<i class="fa fa-([a-z -]+)"></i>', lambda m: _BUTTONS.get(m.group(1), m.group(1)), html)
+
+
+def mma_fragment_owner(matrix: str, row: int, col: int) -> tuple[int, int]:
+    """(lane, register index) holding element (row, col) of an mma.sync.m16n8k16 fragment (16-bit A, fp32 C).
+
+    A is 16 x 16 (8 halves per lane, a0..a7), C is 16 x 8 (4 floats per lane, c0..c3). groupID = lane // 4,
+    threadID_in_group = lane % 4: row groupID (+8 for the second half of the registers), columns
+    2 * threadID_in_group + {0, 1} (+8 for a4..a7), as in the PTX ISA's fragment figures.
+    """
+    if matrix == "C":
+        if not (0 <= row < 16 and 0 <= col < 8):
+            raise ValueError(f"mma_fragment_owner: C is 16 x 8, got (row, col) = ({row}, {col})")
+        lane = (row % 8) * 4 + col // 2
+        return lane, (col % 2) + 2 * (row // 8)
+    if matrix == "A":
+        if not (0 <= row < 16 and 0 <= col < 16):
+            raise ValueError(f"mma_fragment_owner: A is 16 x 16, got (row, col) = ({row}, {col})")
+        lane = (row % 8) * 4 + (col % 8) // 2
+        return lane, (col % 2) + 2 * (row // 8) + 4 * (col // 8)
+    raise ValueError(f"mma_fragment_owner: matrix must be 'A' or 'C', got {matrix!r}")
+
+
+def draw_mma_fragments(ax_a, ax_c) -> None:
+    """Colour each element of the A (16 x 16) and C (16 x 8) tiles by the lane that holds it, labelled lane/register."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab20", 32)
+    for ax, name, cols in ((ax_a, "A", 16), (ax_c, "C", 8)):
+        lanes = np.zeros((16, cols))
+        for r in range(16):
+            for c in range(cols):
+                lane, reg = mma_fragment_owner(name, r, c)
+                lanes[r, c] = lane
+                ax.text(c, r, f"{lane}\n{name.lower()}{reg}", ha="center", va="center", fontsize=5)
+        ax.imshow(lanes % 20, cmap=cmap, vmin=0, vmax=31, aspect="equal")
+        ax.set_xticks(range(cols)); ax.set_yticks(range(16)); ax.tick_params(labelsize=6)
+        ax.set_xlabel("column"); ax.set_ylabel("row")
+    ax_a.set_title("A (16 x 16, fp16): lane / register", fontsize=8)
+    ax_c.set_title("C (16 x 8, fp32): lane / register", fontsize=8)
+
+
+def draw_swizzle(ax_logical, ax_physical, rows: int = 8, chunks: int = 8) -> None:
+    """Shared-memory tile of ``rows`` rows of ``chunks`` 16-byte chunks (64 halves = 128 bytes a row).
+
+    Left: where each chunk belongs (logical column c). Right: where it is stored, chunk c ^ (r % 8).
+    Reading one logical column (same c, 8 rows, as ldmatrix does) hits 8 different physical chunks,
+    so 8 different groups of 4 banks, instead of the same 4 banks 8 times.
+    """
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10")
+    for ax, swz in ((ax_logical, False), (ax_physical, True)):
+        for r in range(rows):
+            for c in range(chunks):
+                pos = c ^ (r % 8) if swz else c
+                ax.add_patch(plt.Rectangle((pos, r), 1, 1, facecolor=cmap(c % 10), edgecolor="white",
+                                           alpha=1.0 if c == 0 else 0.45))
+                ax.text(pos + 0.5, r + 0.5, str(c), ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, chunks); ax.set_ylim(rows, 0); ax.set_aspect("equal")
+        ax.set_xticks(np.arange(chunks) + 0.5, [str(c) for c in range(chunks)], fontsize=7)
+        ax.set_yticks(np.arange(rows) + 0.5, [str(r) for r in range(rows)], fontsize=7)
+        ax.set_xlabel("16-byte chunk in shared memory (banks 4c .. 4c+3)", fontsize=7)
+        ax.set_ylabel("tile row r", fontsize=7)
+    ax_logical.set_title("no swizzle: chunk c at c\n(column 0 = 8 reads of banks 0-3)", fontsize=8)
+    ax_physical.set_title("XOR swizzle: chunk c at c ^ (r % 8)\n(column 0 spread over all 32 banks)", fontsize=8)
