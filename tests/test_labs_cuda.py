@@ -6,11 +6,14 @@
   the float64 reference on odd shapes; a wrong merge is caught with a numeric hint; the template, a compile
   error, a deadlock and a preprocessor trick give a short student-facing message.
 * Lab 5: the solution passes its layout checks, the template and a wrong layout fail with helpful messages;
-  the .cu template and solution compile with nvcc for sm_80.
+  the answer (instructor/lab5_layout.py) stays out of a student release, whose checks use per-lane digests
+  and score alike; the .cu template and solution compile with nvcc for sm_80.
 * On a GPU: lab 3 through the real kernel, and lab 5's tile on a tensor core (skipped here with a reason).
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shutil
@@ -242,6 +245,62 @@ def test_no_compiler_gives_a_reason(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ lab 5 (CPU part)
+# The answer (the PTX layout) is in instructor/lab5_layout.py, left out of a student release; there the
+# checks use the per-lane digests of lab5_layout_digests.json instead. Both must score alike.
+INSTRUCTOR5 = os.path.join(LABS, "instructor", "lab5_layout.py")
+needs_solutions = pytest.mark.skipif(not os.path.isdir(os.path.join(LABS, "solutions")),
+                                     reason="student release: no solutions/ folder")
+needs_instructor = pytest.mark.skipif(not os.path.isfile(INSTRUCTOR5),
+                                      reason="student release: no instructor/ folder (lab 5's answer)")
+# wrong variants of the solution, as wrappers around it (so this file quotes no line of the answer)
+LAB5_WRONG = {
+    "c1_c2_swapped": "def c_fragment(lane, i):\n    return sol.c_fragment(lane, (0, 2, 1, 3)[i])\n",
+    # the halves of every register swapped in A and B alike: S comes out right, the layout is still wrong
+    "halves_swapped_in_a_and_b": "def a_fragment(lane, reg, half):\n    return sol.a_fragment(lane, reg, 1 - half)\n"
+                                 "def b_fragment(lane, reg, half):\n    return sol.b_fragment(lane, reg, 1 - half)\n",
+    # A's registers 1 and 2 swapped, and ldmatrix.x4's matrices 1 and 2 alike: the addresses load no true fragment
+    "a_and_ldmatrix_a_wrong": "def a_fragment(lane, reg, half):\n    return sol.a_fragment(lane, (0, 2, 1, 3)[reg], half)\n"
+                              "def ldmatrix_a_address(lane):\n"
+                              "    return sol.ldmatrix_a_address(8 * (0, 2, 1, 3)[lane // 8] + lane % 8)\n",
+    "ldmatrix_b_matrices_swapped": "def ldmatrix_b_address(lane):\n    return sol.ldmatrix_b_address((lane + 8) % 16)\n",
+}
+
+
+def _lab5_answer_pieces() -> set:
+    """Telling pieces of lab 5's answer, read from instructor/lab5_layout.py and the solution: the right-hand
+    sides of the layout formulas and the clauses of the hints that state the layout."""
+    import ast
+
+    pieces = set()
+    for path in (INSTRUCTOR5, LAB5_PY_SOL):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in ("true_layout", "a_fragment", "b_fragment",
+                                                                    "c_fragment", "ldmatrix_a_address",
+                                                                    "ldmatrix_b_address"):
+                for sub in ast.walk(node):
+                    if isinstance(sub, (ast.Assign, ast.Return)) and sub.value is not None:
+                        parts = sub.value.elts if isinstance(sub.value, ast.Tuple) else [sub.value]
+                        pieces.update(ast.unparse(e) for e in parts)
+                        pieces.add(", ".join(ast.unparse(e) for e in parts))
+    for text in (v for hint in CL._lab5_instructor().HINT.values() for v in hint.values()):
+        pieces.update(part.strip() for part in re.split(r"[;；]", text))
+    # long enough to be telling (not "g", "lane >> 2" or "np.zeros(...)")
+    return {p for p in pieces if len(p) >= 12 and "np." not in p and "{" not in p}
+
+
+def _lab5_variant(tmp_path, name):
+    path = tmp_path / f"lab5_{name}.py"
+    path.write_text("import importlib.util\n"
+                    f"_spec = importlib.util.spec_from_file_location('lab5_sol_for_variant', {LAB5_PY_SOL!r})\n"
+                    "sol = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(sol)\n"
+                    "a_fragment, b_fragment, c_fragment = sol.a_fragment, sol.b_fragment, sol.c_fragment\n"
+                    "ldmatrix_a_address, ldmatrix_b_address = sol.ldmatrix_a_address, sol.ldmatrix_b_address\n"
+                    + LAB5_WRONG[name])
+    return str(path)
+
+
+@needs_solutions
 def test_lab5_solution_passes_every_layout_check():
     for lang in ("en", "zh"):
         checks = CL.lab5_layout_checks(LAB5_PY_SOL, seed=7, lang=lang)
@@ -249,30 +308,137 @@ def test_lab5_solution_passes_every_layout_check():
 
 
 def test_lab5_template_fails_every_check_with_a_helpful_message():
-    checks = CL.lab5_layout_checks(LAB5_PY, seed=7)
-    assert checks and not any(c["passed"] for c in checks)
-    assert "a_fragment is not written yet" in checks[0]["message"]
-    assert all(c["message"] and "Traceback" not in c["message"] for c in checks)
+    for source in ("auto", "digests"):
+        checks = CL.lab5_layout_checks(LAB5_PY, seed=7, layout_source=source)
+        assert len(checks) == 9 and not any(c["passed"] for c in checks)
+        assert "a_fragment is not written yet" in checks[0]["message"]
+        assert all(c["message"] and "Traceback" not in c["message"] for c in checks)
 
 
-def test_lab5_true_layout_is_the_ptx_isa_table():
-    L = CL.lab5_true_layout()  # spot checks of the PTX ISA's m16n8k16 figures
+@needs_instructor
+def test_lab5_true_layout_is_the_ptx_isa_table_and_the_digests_match_it():
+    inst = CL._lab5_instructor()
+    L = inst.true_layout()  # spot checks of the PTX ISA's m16n8k16 figures
     assert tuple(L["A"][5, 1, 0]) == (9, 2) and tuple(L["A"][31, 3, 1]) == (15, 15)
     assert tuple(L["B"][6, 1, 1]) == (13, 1) and tuple(L["C"][30, 3]) == (15, 5)
+    with open(CL.LAB5_DIGESTS_FILE, encoding="utf-8") as f:
+        stored = json.load(f)
+    assert stored == inst.digest_table(stored["salt"]), \
+        "lab5_layout_digests.json is stale: run python notebooks/labs/instructor/lab5_layout.py --write"
+    assert stored["iterations"] >= 1000 and len(stored["salt"]) >= 32
 
 
+def test_lab5_digests_reject_bad_arguments():
+    L = {"A": np.zeros((32, 4, 2, 2), int), "B": np.zeros((32, 2, 2, 2), int), "C": np.zeros((32, 4, 2), int)}
+    with pytest.raises(ValueError, match="lab5_layout_digests: salt must be a non-empty hex string"):
+        CL.lab5_layout_digests(L, "not hex")
+    with pytest.raises(ValueError, match=r"lab5_layout_digests: layout\['C'\] must have shape \(32, 4, 2\)"):
+        CL.lab5_layout_digests(dict(L, C=np.zeros((32, 2))), "ab")
+    with pytest.raises(ValueError, match="lab5_layout_checks: layout_source must be 'auto', 'instructor' or "
+                                         "'digests', got 'answers'"):
+        CL.lab5_layout_checks(LAB5_PY, seed=1, layout_source="answers")
+
+
+@needs_solutions
+@needs_instructor
+@pytest.mark.parametrize("variant", [None, *LAB5_WRONG])
+def test_lab5_both_answer_sources_score_alike(tmp_path, variant):
+    """Per check, the instructor's table and the release's digests pass and fail alike; only the hints differ,
+    and the digests' hints never state the layout."""
+    path = LAB5_PY_SOL if variant is None else _lab5_variant(tmp_path, variant)
+    inst = CL.lab5_layout_checks(path, seed=3, layout_source="instructor")
+    dig = CL.lab5_layout_checks(path, seed=3, layout_source="digests")
+    assert [c["name"] for c in inst] == [c["name"] for c in dig]
+    assert [c["passed"] for c in inst] == [c["passed"] for c in dig]
+    assert all(c["passed"] for c in dig) == (variant is None)
+    answer = _lab5_answer_pieces()
+    for c in dig:
+        leaked = [p for p in answer if p in c["message"]]
+        assert not leaked and "+ 8" not in c["message"], (leaked, c["message"])
+
+
+@needs_solutions
+@needs_instructor
 def test_lab5_wrong_layout_is_caught(tmp_path):
-    with open(LAB5_PY_SOL) as f:
-        text = f.read()
-    old = "return group + 8 * (i >> 1), 2 * tig + (i & 1)"
-    assert old in text
-    path = tmp_path / "lab5_wrong.py"
-    path.write_text(text.replace(old, "return group + 8 * (i & 1), 2 * tig + (i >> 1)"))  # c1 and c2 swapped
-    checks = {c["name"]: c for c in CL.lab5_layout_checks(str(path), seed=1)}
+    path = _lab5_variant(tmp_path, "c1_c2_swapped")
+    checks = {c["name"]: c for c in CL.lab5_layout_checks(path, seed=1)}  # the instructor's table: detailed
     ptx = checks["C/D fragment (16x8, fp32): the PTX ISA layout"]
     assert not ptx["passed"] and "c_fragment(0, 1) = (8, 0), but the PTX ISA puts (0, 1) there" in ptx["message"]
     assert checks["C/D fragment (16x8, fp32): a bijection"]["passed"]
-    assert not checks["S = Q K^T through the fragments (seed 1)"]["passed"]
+    num = checks["S = Q K^T through the fragments (seed 1)"]
+    assert not num["passed"] and "S = Q K^T through your fragments is wrong" in num["message"]
+    checks = {c["name"]: c for c in CL.lab5_layout_checks(path, seed=1, layout_source="digests")}
+    ptx = checks["C/D fragment (16x8, fp32): the PTX ISA layout"]
+    assert not ptx["passed"] and "c_fragment differs from the PTX ISA's layout in 32 of the 32 lanes" in ptx["message"]
+    assert "lane 0 holds [(0, 0), (8, 0), (0, 1), (8, 1)]" in ptx["message"]
+    assert "not checked yet" in checks["S = Q K^T through the fragments (seed 1)"]["message"]
+    # errors that cancel in S still fail, in both modes
+    path = _lab5_variant(tmp_path, "halves_swapped_in_a_and_b")
+    num = CL.lab5_layout_checks(path, seed=1)[-1]
+    assert not num["passed"] and "only because the errors of your maps cancel" in num["message"]
+    # ldmatrix with a wrong A map: the release names the lane, not the register
+    path = _lab5_variant(tmp_path, "a_and_ldmatrix_a_wrong")
+    ld = {c["name"]: c for c in CL.lab5_layout_checks(path, seed=1, layout_source="digests")}[
+        "ldmatrix.x4 addresses load the A fragment"]
+    assert not ld["passed"] and "which is not the A fragment's lane 0" in ld["message"]
+
+
+@pytest.fixture(scope="module")
+def lab5_release(tmp_path_factory):
+    """A student release (release.py) and its own cuda_labs module."""
+    sys.path.insert(0, LABS)
+    try:
+        import release
+    finally:
+        sys.path.remove(LABS)
+    out = tmp_path_factory.mktemp("release5") / "course"
+    release.make_release(str(out), quiet=True)
+    spec = importlib.util.spec_from_file_location("release_cuda_labs", str(out / "notebooks" / "labs" / "cuda_labs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return out, mod
+
+
+@needs_solutions
+@needs_instructor
+def test_lab5_release_holds_no_answer(lab5_release):
+    out, RCL = lab5_release
+    labs = out / "notebooks" / "labs"
+    assert not (labs / "instructor").exists() and not (labs / "solutions").exists()
+    assert (labs / "lab5_layout_digests.json").is_file()
+    assert not hasattr(RCL, "lab5_true_layout") and RCL._lab5_instructor() is None
+    answer = _lab5_answer_pieces()
+    assert len(answer) >= 15, answer
+    for path in labs.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".cu", ".cuh", ".h", ".md", ".json", ".ipynb", ".txt"):
+            text = path.read_text(encoding="utf-8")
+            leaked = [p for p in answer if p in text]
+            assert not leaked, f"{path.relative_to(out)} holds lab 5's answer: {leaked[:3]}"
+            assert "lab5_true_layout" not in text and "def true_layout" not in text, path
+    # the release's checks: digests, full marks for the solution, the same verdicts as the instructor's table
+    assert all(c["passed"] for c in RCL.lab5_layout_checks(LAB5_PY_SOL, seed=5))
+    assert RCL._Lab5Answer("auto", "test").mode == "digests"
+
+
+@needs_solutions
+@needs_instructor
+@pytest.mark.slow
+def test_lab5_release_grader_scores_solution_full_and_template_zero(lab5_release, tmp_path):
+    out, _ = lab5_release
+    env = dict(os.environ, PYTHONPATH=str(out), CUDA_VISIBLE_DEVICES="")
+
+    def grade(*args):
+        p = subprocess.run([sys.executable, "notebooks/labs/grade.py", "lab5", *args], cwd=str(out), env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+        return p.returncode, p.stdout + p.stderr
+
+    rc, text = grade(LAB5_PY_SOL)
+    assert rc == 0 and "9/9 pass: 6/6 points" in text, text
+    rc, text = grade(_lab5_variant(tmp_path, "c1_c2_swapped"))
+    assert rc == 1 and "7/9 pass" in text and "c_fragment differs from the PTX ISA's layout" in text, text
+    rc, text = grade()  # the template
+    assert rc == 1 and "Score: 0/10" in text and "a_fragment is not written yet" in text and "TODO(lab5)" in text, text
 
 
 # ------------------------------------------------------------------------------------ lab 5 (.cu, compile)

@@ -11,7 +11,10 @@ What the lab grader calls (each function takes ``lang="en"`` or ``"zh"`` for its
 * ``lab3_cpu_unavailable_reason()``: why the CPU path cannot run here (no g++), or None.
 * ``lab3_hints(...)``: a few sentences about what a wrong (o, lse) most likely means.
 * ``lab5_layout_checks(student_py_path, seed=...)``: lab 5's NumPy model of the ``mma.sync.m16n8k16``
-  fragment layout, checked against the PTX ISA and numerically (S = Q K^T through the fragments).
+  fragment layout, checked against the PTX ISA and numerically (S = Q K^T through the fragments). The
+  answer is not in this file: the checks take it from instructor/lab5_layout.py where that is present, and
+  otherwise (a student release) from the per-lane digests in lab5_layout_digests.json
+  (``lab5_layout_digests``); both give the same pass/fail, only the hints differ.
 * ``lab5_mma_tile(student_cu_path, a_tile, b_tile)``: GPU only: the student's kernel computes one tile
   S = A B^T with ``ldmatrix`` and ``mma.sync``; ``lab5_compile_check`` compiles it anywhere nvcc is (never a
   pass: the numbers need a GPU); ``lab5_gpu_unavailable_reason()``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -46,7 +50,7 @@ LAB3_BLOCK_N = 32  # keys per K/V tile in tiled.cu (tiled::BC)
 LAB5_KERNEL = "lab5_mma_tile"
 
 __all__ = ["StudentCodeError", "lab3_forward", "lab3_cpu_unavailable_reason", "lab3_hints", "lab5_layout_checks",
-           "lab5_mma_tile", "lab5_compile_check", "lab5_gpu_unavailable_reason", "lab5_true_layout"]
+           "lab5_mma_tile", "lab5_compile_check", "lab5_gpu_unavailable_reason", "lab5_layout_digests"]
 
 
 class StudentCodeError(Exception):
@@ -101,6 +105,25 @@ MSG = {
     "lab5_ptx_bad": {"en": "{name}({args}) = {got}, but the PTX ISA puts {want} there ({n_bad} of {total} "
                            "entries differ). {hint}",
                      "zh": "{name}({args}) = {got}，但 PTX ISA 规定这里是 {want}（{total} 项中有 {n_bad} 项不同）。{hint}"},
+    "lab5_ptx_bad_lanes": {"en": "{name} differs from the PTX ISA's layout in {n_bad} of the 32 lanes ({lanes}); "
+                                 "lane {lane} holds {got} ({order}). {hint}",
+                           "zh": "{name} 在 32 个 lane 中有 {n_bad} 个与 PTX ISA 的布局不同（{lanes}）；"
+                                 "lane {lane} 持有 {got}（{order}）。{hint}"},
+    "lab5_ld_bad_lanes": {"en": "with your addresses, ldmatrix gives lane {lane} the elements {got} of the tile "
+                                "(registers 0..{last}, low and high half), which is not the {frag} fragment's lane "
+                                "{lane} ({n_bad} of the 32 lanes differ: {lanes}). {hint}",
+                          "zh": "按你的地址，ldmatrix 让 lane {lane} 得到 tile 的元素 {got}（寄存器 0..{last}，低半和高半），"
+                                "这不是 {frag} 片段的 lane {lane}（32 个 lane 中有 {n_bad} 个不同：{lanes}）。{hint}"},
+    "lab5_num_wait": {"en": "not checked yet: the model of the tensor core is the PTX ISA's layout itself, which this "
+                            "copy of the repository knows only as per-lane digests; once your {which} map(s) match "
+                            "them (see above), your maps are that model and S = Q K^T is computed through them",
+                      "zh": "暂未检查：张量核的模型就是 PTX ISA 的布局本身，这份仓库只以逐 lane 摘要的形式知道它；"
+                            "等你的 {which} 映射与摘要一致（见上文），你的映射就是这个模型，S = Q K^T 将通过它们计算"},
+    "lab5_num_cancel": {"en": "S = Q K^T comes out right here (max-abs error {err:.1e}), but only because the errors "
+                              "of your maps cancel: the tensor core reads the registers by the PTX layout, so fix the "
+                              "{which} map(s) above",
+                        "zh": "这里 S = Q K^T 的结果是对的（最大绝对误差 {err:.1e}），但只是因为你的映射中的错误相互抵消了："
+                              "张量核按 PTX 布局读取寄存器，请修正上文的 {which} 映射"},
     "lab5_ld_ok": {"en": "the addresses you give ldmatrix load exactly the {frag} fragment",
                    "zh": "你给 ldmatrix 的地址恰好载入 {frag} 片段"},
     "lab5_ld_bad": {"en": "with your addresses, ldmatrix gives lane {lane} register {reg} the elements {got} of "
@@ -613,35 +636,104 @@ def lab3_hints(o, lse, o_ref, lse_ref, *, causal, Nk, lang="en", atol=1e-4) -> l
 
 
 # ------------------------------------------------------------------------------------------ lab 5: layout
-def lab5_true_layout() -> dict:
-    """The m16n8k16 fp16 fragment layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
-    floating point type"), with groupID = lane >> 2 and threadID_in_group = lane % 4:
+# The answer (the PTX ISA's fragment layout) is not in this file: it lives in instructor/lab5_layout.py, which a
+# student release leaves out. There the checks compare entry by entry and quote the layout in their hints;
+# without it they compare each lane's registers with salted, iterated SHA-256 digests (PBKDF2-HMAC-SHA256)
+# of the true layout, stored in lab5_layout_digests.json. A digest covers all the registers of one lane of
+# one fragment (8 (row, col) pairs for A, 4 for B and C), so it tells which lanes are wrong without giving
+# away a register's answer, and the pass/fail of every check is the same either way.
+LAB5_INSTRUCTOR_FILE = os.path.join(HERE, "instructor", "lab5_layout.py")
+LAB5_DIGESTS_FILE = os.path.join(HERE, "lab5_layout_digests.json")
+LAB5_DIGEST_ITERATIONS = 4000
+# fragment key -> (function, registers per lane, tile shape, layout array shape)
+_LAB5_FRAG = {"A": ("a_fragment", 4, (16, 16), (32, 4, 2, 2)),
+              "B": ("b_fragment", 2, (16, 8), (32, 2, 2, 2)),
+              "C": ("c_fragment", 4, (16, 8), (32, 4, 2))}
 
-    * "A" (32, 4, 2, 2): A (16 x 16, row-major) element (row, col) of register reg's half ``half`` (0: low 16
-      bits, the even a_i; 1: high) of lane: row = groupID (+ 8 for registers 1 and 3), col = 2 *
-      threadID_in_group + half (+ 8 for registers 2 and 3).
-    * "B" (32, 2, 2, 2): B (16 x 8, K x N) element (k, n): k = 2 * threadID_in_group + half (+ 8 for register
-      1), n = groupID.
-    * "C" (32, 4, 2): C/D (16 x 8, fp32) element (row, col) of c_i: row = groupID (+ 8 for i >= 2),
-      col = 2 * threadID_in_group + (i & 1).
+
+def _lane_payload(key: str, lane: int, cells) -> bytes:
+    """The text a lane's digest is taken of: the fragment, the lane and its (row, col) pairs in register order."""
+    return (f"lab5|{key}|{lane}|" + ";".join(f"{int(r)},{int(c)}" for r, c in cells)).encode()
+
+
+def _lane_cells(arr, lane: int) -> list:
+    """The (row, col) pairs of one lane of a layout array, in register order (reg, then half)."""
+    return [tuple(int(x) for x in cell) for cell in np.asarray(arr[lane]).reshape(-1, 2)]
+
+
+def lab5_layout_digests(layout, salt, iterations=LAB5_DIGEST_ITERATIONS) -> dict:
+    """Per-lane digests of a fragment layout: {"A": [32 hex strings], "B": [...], "C": [...]}.
+
+    layout: {"A": (32, 4, 2, 2), "B": (32, 2, 2, 2), "C": (32, 4, 2)} integer arrays of (row, col) indexed
+    [lane, reg, half] (C: [lane, i]); salt: a non-empty hex string; iterations: PBKDF2 rounds (>= 1). Lane
+    ``lane`` of fragment ``key`` gets PBKDF2-HMAC-SHA256 of ``lab5|key|lane|r0,c0;r1,c1;...`` (all of the
+    lane's registers, in order) with the salt. notebooks/labs/instructor/lab5_layout.py writes the digests of
+    the true layout to lab5_layout_digests.json with this function.
     """
-    lane = np.arange(32)
-    g, t = lane >> 2, lane & 3
-    A = np.zeros((32, 4, 2, 2), np.int64)
-    for reg in range(4):
-        for half in range(2):
-            A[:, reg, half, 0] = g + 8 * (reg & 1)
-            A[:, reg, half, 1] = 2 * t + half + 8 * (reg >> 1)
-    Bm = np.zeros((32, 2, 2, 2), np.int64)
-    for reg in range(2):
-        for half in range(2):
-            Bm[:, reg, half, 0] = 2 * t + half + 8 * reg
-            Bm[:, reg, half, 1] = g
-    C = np.zeros((32, 4, 2), np.int64)
-    for i in range(4):
-        C[:, i, 0] = g + 8 * (i >> 1)
-        C[:, i, 1] = 2 * t + (i & 1)
-    return {"A": A, "B": Bm, "C": C}
+    fn = "lab5_layout_digests"
+    if not isinstance(salt, str) or not salt or len(salt) % 2 or any(ch not in "0123456789abcdefABCDEF" for ch in salt):
+        raise ValueError(f"{fn}: salt must be a non-empty hex string of even length, got {salt!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
+        raise ValueError(f"{fn}: iterations must be an int >= 1, got {iterations!r}")
+    if not isinstance(layout, dict) or set(layout) != set(_LAB5_FRAG):
+        raise TypeError(f"{fn}: layout must be a dict with keys 'A', 'B', 'C', got "
+                        f"{sorted(layout) if isinstance(layout, dict) else type(layout).__name__}")
+    out = {}
+    for key, (_, _, _, shape) in _LAB5_FRAG.items():
+        arr = np.asarray(layout[key])
+        if arr.shape != shape:
+            raise ValueError(f"{fn}: layout[{key!r}] must have shape {shape}, got {arr.shape}")
+        out[key] = [hashlib.pbkdf2_hmac("sha256", _lane_payload(key, ln, _lane_cells(arr, ln)), bytes.fromhex(salt),
+                                        int(iterations)).hex() for ln in range(32)]
+    return out
+
+
+def _lab5_instructor():
+    """instructor/lab5_layout.py as a module, or None where it is not (a student release)."""
+    if not os.path.isfile(LAB5_INSTRUCTOR_FILE):
+        return None
+    spec = importlib.util.spec_from_file_location("lab5_instructor_layout", LAB5_INSTRUCTOR_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Lab5Answer:
+    """What the checks compare with: the true layout (instructor) or the stored per-lane digests (digests)."""
+
+    def __init__(self, source: str, fn: str):
+        if source not in ("auto", "instructor", "digests"):
+            raise ValueError(f"{fn}: layout_source must be 'auto', 'instructor' or 'digests', got {source!r}")
+        inst = _lab5_instructor() if source in ("auto", "instructor") else None
+        if source == "instructor" and inst is None:
+            raise ValueError(f"{fn}: layout_source='instructor' needs {LAB5_INSTRUCTOR_FILE}, which is not here")
+        self.true, self.hint = (inst.true_layout(), inst.HINT) if inst is not None else (None, None)
+        self.mode = "instructor" if inst is not None else "digests"
+        if self.mode == "digests":
+            try:
+                with open(LAB5_DIGESTS_FILE, encoding="utf-8") as f:
+                    table = json.load(f)
+                self.salt, self.iterations = bytes.fromhex(table["salt"]), int(table["iterations"])
+                self.digests = {k: list(table["digests"][k]) for k in _LAB5_FRAG}
+                if any(len(v) != 32 for v in self.digests.values()):
+                    raise ValueError("32 digests per fragment expected")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise RuntimeError(f"{fn}: lab 5's layout digests ({LAB5_DIGESTS_FILE}) cannot be read "
+                                   f"({type(exc).__name__}: {exc}); the layout checks need them") from None
+        self._cache = {}
+
+    def bad_lanes(self, key: str, arr) -> list:
+        """The lanes whose registers (arr[lane], a layout array of fragment key) differ from the PTX layout."""
+        if self.mode == "instructor":
+            return [ln for ln in range(32) if _lane_cells(arr, ln) != _lane_cells(self.true[key], ln)]
+        bad = []
+        for ln in range(32):
+            payload = _lane_payload(key, ln, _lane_cells(arr, ln))
+            if payload not in self._cache:
+                self._cache[payload] = hashlib.pbkdf2_hmac("sha256", payload, self.salt, self.iterations).hex()
+            if self._cache[payload] != self.digests[key][ln]:
+                bad.append(ln)
+        return bad
 
 
 def _ldmatrix(tile, addr, nmat):
@@ -658,8 +750,9 @@ def _ldmatrix(tile, addr, nmat):
 
 
 def _mma_model(a_regs, b_regs, layout):
-    """What the tensor core computes: it reads A (16x16) and B (16x8) from the registers by the PTX layout
-    and returns D = A B (fp32 sums) in the registers of the C/D layout, (32, 4)."""
+    """What the tensor core computes, given its register layout (arrays as in lab5_layout_digests): it reads A
+    (16x16) and B (16x8) from the registers by the layout and returns D = A B (fp32 sums) in the registers of
+    the C/D layout, (32, 4)."""
     A = np.zeros((16, 16), np.float32)
     B = np.zeros((16, 8), np.float32)
     LA, LB, LC = layout["A"], layout["B"], layout["C"]
@@ -686,25 +779,40 @@ _LAB5_WHAT = {
     "ldmatrix_b_address": {"en": "the (key, dim) of the K tile that lane points ldmatrix.x2 to",
                            "zh": "lane 交给 ldmatrix.x2 的地址在 K tile 中的 (key, dim)"},
 }
+# Hints that help without stating the layout (instructor/lab5_layout.py has the ones that state it).
 _LAB5_HINT = {
-    "A": {"en": "A: groupID = lane >> 2, threadID_in_group = lane % 4; row = groupID, + 8 for registers 1 and 3; "
-                "col = 2 * threadID_in_group + half, + 8 for registers 2 and 3.",
-          "zh": "A：groupID = lane >> 2，threadID_in_group = lane % 4；row = groupID，寄存器 1 和 3 再 + 8；"
-                "col = 2 * threadID_in_group + half，寄存器 2 和 3 再 + 8。"},
-    "B": {"en": "B: k = 2 * threadID_in_group + half, + 8 for register 1; n = groupID.",
-          "zh": "B：k = 2 * threadID_in_group + half，寄存器 1 再 + 8；n = groupID。"},
-    "C": {"en": "C/D: row = groupID, + 8 for c2 and c3; col = 2 * threadID_in_group + (i & 1).",
-          "zh": "C/D：row = groupID，c2 和 c3 再 + 8；col = 2 * threadID_in_group + (i & 1)。"},
-    "LA": {"en": "ldmatrix.x4: lanes 8 i .. 8 i + 7 give the 8 row addresses of matrix i, and matrix i lands in "
-                 "register i; registers 0..3 of A are the 8x8 blocks (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), "
-                 "(rows 0-7, cols 8-15), (rows 8-15, cols 8-15).",
-           "zh": "ldmatrix.x4：lane 8i .. 8i+7 提供矩阵 i 的 8 个行地址，矩阵 i 进入寄存器 i；A 的寄存器 0..3 是 8x8 块"
-                 "（0-7 行, 0-7 列）、（8-15 行, 0-7 列）、（0-7 行, 8-15 列）、（8-15 行, 8-15 列）。"},
-    "LB": {"en": "ldmatrix.x2 on the K tile (8 keys x 16 dims, row-major): register 0 of B is K[0:8, 0:8], "
-                 "register 1 is K[0:8, 8:16]; lanes 0-7 and 8-15 give their rows (B = K^T, so a K row is a B column).",
-           "zh": "在 K tile（8 个 key x 16 维，行主序）上用 ldmatrix.x2：B 的寄存器 0 是 K[0:8, 0:8]，寄存器 1 是 "
-                 "K[0:8, 8:16]；lane 0-7 和 8-15 给出各自的行（B = K^T，所以 K 的一行是 B 的一列）。"},
+    "A": {"en": "A: see the PTX ISA's figure of the A fragment of mma.m16n8k16 (.f16): with groupID = lane >> 2 and "
+                "threadID_in_group = lane % 4, which rows and which columns do a lane's four registers cover?",
+          "zh": "A：参见 PTX ISA 中 mma.m16n8k16（.f16）A 片段的图：令 groupID = lane >> 2、threadID_in_group = lane % 4，"
+                "一个 lane 的四个寄存器覆盖哪些行、哪些列？"},
+    "B": {"en": "B: a lane holds one column n of B (one key) and four of its rows k; see the PTX ISA's figure of the "
+                "B fragment of mma.m16n8k16.",
+          "zh": "B：一个 lane 持有 B 的一列 n（一个 key）中的四行 k；参见 PTX ISA 中 mma.m16n8k16 B 片段的图。"},
+    "C": {"en": "C/D: a lane's four floats c0..c3 lie in two rows of the tile, two neighbouring columns in each; see "
+                "the PTX ISA's figure of the C/D fragment of mma.m16n8k16.",
+          "zh": "C/D：一个 lane 的四个浮点数 c0..c3 位于 tile 的两行中，每行两个相邻的列；参见 PTX ISA 中 "
+                "mma.m16n8k16 C/D 片段的图。"},
+    "LA": {"en": "ldmatrix.x4: matrix i takes its 8 row addresses from lanes 8 i .. 8 i + 7 and lands in register i "
+                 "of every lane: point matrix i at the 8x8 block of A that a_fragment puts in register i.",
+           "zh": "ldmatrix.x4：矩阵 i 的 8 个行地址来自 lane 8i .. 8i+7，它进入每个 lane 的寄存器 i："
+                 "让矩阵 i 指向 a_fragment 放进寄存器 i 的那个 A 的 8x8 块。"},
+    "LB": {"en": "ldmatrix.x2 on the K tile (8 keys x 16 dims, row-major): lanes 0-7 give the rows of matrix 0, "
+                 "lanes 8-15 those of matrix 1, and matrix i lands in register i; B = K^T, so a K row is a B column: "
+                 "point matrix i at the 8x8 block of K whose transpose b_fragment puts in register i.",
+           "zh": "在 K tile（8 个 key x 16 维，行主序）上用 ldmatrix.x2：lane 0-7 给出矩阵 0 的行，lane 8-15 给出矩阵 1 "
+                 "的行，矩阵 i 进入寄存器 i；B = K^T，所以 K 的一行是 B 的一列：让矩阵 i 指向 K 中那个 8x8 块，"
+                 "它的转置就是 b_fragment 放进寄存器 i 的内容。"},
+    "digest": {"en": "(This copy of the repository checks each lane against a salted digest of the PTX ISA's layout "
+                     "(section \"Matrix Fragments for mma.m16n8k16 with floating point type\"): it names the lanes "
+                     "that differ, not the registers.)",
+               "zh": "（这份仓库用 PTX ISA 布局（\"Matrix Fragments for mma.m16n8k16 with floating point type\" 一节）"
+                     "的加盐摘要逐个 lane 检查：它指出哪些 lane 不对，而不是哪个寄存器。）"},
 }
+_LAB5_ORDER = {"A": "reg 0..3 x half 0..1", "B": "reg 0..1 x half 0..1", "C": "i = 0..3"}
+
+
+def _lanes_text(lanes) -> str:
+    return ", ".join(map(str, lanes[:8])) + (", ..." if len(lanes) > 8 else "")
 
 
 def _lab5_load(path, lang):
@@ -752,29 +860,38 @@ def _collect(mod, fname, arg_grid, shape, lang):
     return out, None
 
 
-def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
+def lab5_layout_checks(student_py_path, *, seed, lang="en", layout_source="auto") -> list:
     """Grade lab 5's NumPy model of the m16n8k16 fragments: a list of dict(name, passed, message).
 
     The student's module defines a_fragment(lane, reg, half), b_fragment(lane, reg, half), c_fragment(lane, i),
-    ldmatrix_a_address(lane) and ldmatrix_b_address(lane) (see notebooks/labs/lab5_tensor_cores.py). Checks:
-    each fragment map is a bijection onto its tile and equals the PTX ISA's layout; the ldmatrix addresses
-    load exactly the A and B fragments; and S = Q K^T for a random fp16 Q tile (16 x 16) and K tile (8 x 16)
-    drawn from ``seed``, distributed to registers by the student's maps, multiplied by a model of the tensor
-    core (which reads registers by the PTX layout) and collected by the student's C map. Raises
-    StudentCodeError if the file does not import.
+    ldmatrix_a_address(lane) and ldmatrix_b_address(lane) (see notebooks/labs/lab5_tensor_cores.py). Checks
+    (9): each fragment map is a bijection onto its tile, and equals the PTX ISA's layout; the ldmatrix
+    addresses load exactly the A and B fragments; and S = Q K^T for a random fp16 Q tile (16 x 16) and K tile
+    (8 x 16) drawn from ``seed``, distributed to registers by the student's maps, multiplied by a model of the
+    tensor core (which reads registers by the PTX layout) and collected by the student's C map. That last
+    check passes only when all three maps are the PTX layout (errors that cancel in S do not count).
+
+    layout_source: "instructor" compares with notebooks/labs/instructor/lab5_layout.py (the answer; its hints
+    quote the layout), "digests" with the per-lane digests of lab5_layout_digests.json (a student release:
+    the hints name the wrong lanes, and the tensor-core model is the student's own maps once they match),
+    "auto" (default) the first of the two that is here. Every check passes or fails alike in both modes.
+    Raises StudentCodeError if the file does not import.
     """
     fn = "lab5_layout_checks"
     lang = _lang(lang, fn)
-    if not isinstance(seed, (int, np.integer)):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"{fn}: seed must be an int, got {type(seed).__name__} {seed!r}")
+    ans = _Lab5Answer(layout_source, fn)
+    hints = ans.hint if ans.mode == "instructor" else {
+        k: {lg: f"{v[lg]} {_LAB5_HINT['digest'][lg]}" for lg in v} for k, v in _LAB5_HINT.items()}
     mod = _lab5_load(student_py_path, lang)
-    true = lab5_true_layout()
     checks = []
-    maps = {}
-    specs = (("A", "a_fragment", (16, 16), [(ln, r, h) for ln in range(32) for r in range(4) for h in range(2)]),
-             ("B", "b_fragment", (16, 8), [(ln, r, h) for ln in range(32) for r in range(2) for h in range(2)]),
-             ("C", "c_fragment", (16, 8), [(ln, i) for ln in range(32) for i in range(4)]))
-    for key, fname, shape, grid in specs:
+    maps, layouts, ptx_ok = {}, {}, set()
+    specs = (("A", [(ln, r, h) for ln in range(32) for r in range(4) for h in range(2)]),
+             ("B", [(ln, r, h) for ln in range(32) for r in range(2) for h in range(2)]),
+             ("C", [(ln, i) for ln in range(32) for i in range(4)]))
+    for key, grid in specs:
+        fname, _, shape, arr_shape = _LAB5_FRAG[key]
         got, err = _collect(mod, fname, grid, shape, lang)
         total = shape[0] * shape[1]
         title = {"A": "A fragment (16x16)", "B": "B fragment (16x8 = K^T)", "C": "C/D fragment (16x8, fp32)"}[key]
@@ -783,6 +900,10 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
                        dict(name=f"{title}: the PTX ISA layout", passed=False, message=err)]
             continue
         maps[key] = got
+        arr = np.zeros(arr_shape, np.int64)
+        for args, cell in got.items():
+            arr[args] = cell
+        layouts[key] = arr
         seen, dup = {}, None
         for args, cell in got.items():
             if cell in seen and dup is None:
@@ -795,15 +916,24 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
             checks.append(dict(name=f"{title}: a bijection", passed=False,
                                message=_msg("lab5_dup", lang, cell=dup[0], first=f"{fname}{dup[1]}",
                                             second=f"{fname}{dup[2]}", missing=total - len(seen), total=total)))
-        bad = [(args, cell, tuple(int(x) for x in true[key][args])) for args, cell in got.items()
-               if tuple(int(x) for x in true[key][args]) != cell]
-        if not bad:
-            checks.append(dict(name=f"{title}: the PTX ISA layout", passed=True, message=_msg("lab5_ptx_ok", lang)))
-        else:
+        bad_lanes = ans.bad_lanes(key, arr)
+        name = f"{title}: the PTX ISA layout"
+        if not bad_lanes:
+            ptx_ok.add(key)
+            checks.append(dict(name=name, passed=True, message=_msg("lab5_ptx_ok", lang)))
+        elif ans.mode == "instructor":
+            true = ans.true[key]
+            bad = [(args, cell, tuple(int(x) for x in true[args])) for args, cell in got.items()
+                   if tuple(int(x) for x in true[args]) != cell]
             args, cell, want = bad[0]
-            checks.append(dict(name=f"{title}: the PTX ISA layout", passed=False,
-                               message=_msg("lab5_ptx_bad", lang, name=fname, args=", ".join(map(str, args)), got=cell,
-                                            want=want, n_bad=len(bad), total=total, hint=_LAB5_HINT[key][lang])))
+            checks.append(dict(name=name, passed=False, message=_msg(
+                "lab5_ptx_bad", lang, name=fname, args=", ".join(map(str, args)), got=cell, want=want,
+                n_bad=len(bad), total=total, hint=hints[key][lang])))
+        else:
+            ln = bad_lanes[0]
+            checks.append(dict(name=name, passed=False, message=_msg(
+                "lab5_ptx_bad_lanes", lang, name=fname, n_bad=len(bad_lanes), lanes=_lanes_text(bad_lanes), lane=ln,
+                order=_LAB5_ORDER[key], got=_lane_cells(arr, ln), hint=hints[key][lang])))
     # ldmatrix: the addresses must load exactly the true fragments
     for key, fname, nmat, lanes, shape, frag in (("LA", "ldmatrix_a_address", 4, 32, (16, 16), "A"),
                                                  ("LB", "ldmatrix_b_address", 2, 16, (8, 16), "B")):
@@ -823,19 +953,28 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
             for c in range(shape[1]):
                 cells[r, c] = (r, c)
         loaded = _ldmatrix(cells, addr, nmat)  # which tile cell lands in (lane, reg, half)
-        if frag == "A":
-            want = lambda ln, reg, h: tuple(int(x) for x in true["A"][ln, reg, h])  # noqa: E731
-        else:  # B = K^T: B's (k, n) is the K tile's (n, k)
-            want = lambda ln, reg, h: tuple(int(x) for x in true["B"][ln, reg, h][::-1])  # noqa: E731
-        bad = [(ln, reg) for ln in range(32) for reg in range(nmat)
-               if any(loaded[ln, reg, h] != want(ln, reg, h) for h in range(2))]
-        if not bad:
+        # in the fragment's coordinates: B = K^T, so B's (k, n) is the K tile's (n, k)
+        as_frag = np.array([[[loaded[ln, reg, h] if frag == "A" else loaded[ln, reg, h][::-1] for h in range(2)]
+                             for reg in range(nmat)] for ln in range(32)], np.int64)
+        bad_lanes = ans.bad_lanes(frag, as_frag)
+        if not bad_lanes:
             checks.append(dict(name=name, passed=True, message=_msg("lab5_ld_ok", lang, frag=frag)))
-        else:
-            ln, reg = bad[0]
+            continue
+        # the fragment to compare with, register by register: the true one, or the student's own once it matches
+        ref = ans.true[frag] if ans.mode == "instructor" else (layouts[frag] if frag in ptx_ok else None)
+        if ref is not None:
+            want = lambda ln, reg, h: tuple(int(x) for x in (ref[ln, reg, h] if frag == "A"  # noqa: E731
+                                                             else ref[ln, reg, h][::-1]))
+            ln, reg = next((ln, reg) for ln in range(32) for reg in range(nmat)
+                           if any(loaded[ln, reg, h] != want(ln, reg, h) for h in range(2)))
             checks.append(dict(name=name, passed=False, message=_msg(
                 "lab5_ld_bad", lang, lane=ln, reg=reg, frag=frag, got=[loaded[ln, reg, h] for h in range(2)],
-                want=[want(ln, reg, h) for h in range(2)], hint=_LAB5_HINT[key][lang])))
+                want=[want(ln, reg, h) for h in range(2)], hint=hints[key][lang])))
+        else:
+            ln = bad_lanes[0]
+            checks.append(dict(name=name, passed=False, message=_msg(
+                "lab5_ld_bad_lanes", lang, lane=ln, frag=frag, last=nmat - 1, n_bad=len(bad_lanes),
+                lanes=_lanes_text(bad_lanes), got=[tuple(x) for x in loaded[ln].reshape(-1)], hint=hints[key][lang])))
     # numeric: S = Q K^T through the student's maps and the tensor core's true layout
     name = f"S = Q K^T through the fragments (seed {int(seed)})"
     missing = [k for k in ("A", "B", "C") if k not in maps]
@@ -843,6 +982,10 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
         checks.append(dict(name=name, passed=False,
                            message=_msg("lab5_num_skip", lang, why=", ".join(missing) + (
                                " map(s) missing (see above)" if lang == "en" else " 的映射缺失（见上文）"))))
+        return checks
+    not_ptx = [k for k in ("A", "B", "C") if k not in ptx_ok]
+    if not_ptx and ans.mode == "digests":  # the model of the tensor core is the layout these maps do not match
+        checks.append(dict(name=name, passed=False, message=_msg("lab5_num_wait", lang, which=", ".join(not_ptx))))
         return checks
     rng = np.random.default_rng(int(seed))
     Qt = rng.standard_normal((16, 16)).astype(np.float16)
@@ -853,7 +996,8 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
         a_regs[ln, reg, h] = Qt[r, c]
     for (ln, reg, h), (kk, n) in maps["B"].items():
         b_regs[ln, reg, h] = Kt[n, kk]  # B = K^T
-    d_regs = _mma_model(a_regs, b_regs, true)
+    # the tensor core: the PTX layout, i.e. the instructor's table, or the student's maps once they match it
+    d_regs = _mma_model(a_regs, b_regs, ans.true if ans.mode == "instructor" else layouts)
     S = np.full((16, 8), np.nan, np.float32)
     for (ln, i), (r, c) in maps["C"].items():
         S[r, c] = d_regs[ln, i]
@@ -861,6 +1005,10 @@ def lab5_layout_checks(student_py_path, *, seed, lang="en") -> list:
     err = np.abs(np.nan_to_num(S, nan=np.inf) - S_ref)
     i, j = np.unravel_index(int(np.argmax(err)), err.shape)
     ok = bool(err.max() <= 1e-3 * (1 + np.abs(S_ref).max()))
+    if ok and not_ptx:  # right numbers from wrong maps: their errors cancel (e.g. A's columns and B's rows alike)
+        checks.append(dict(name=name, passed=False, message=_msg("lab5_num_cancel", lang, err=float(err.max()),
+                                                                 which=", ".join(not_ptx))))
+        return checks
     checks.append(dict(name=name, passed=ok, message=_msg("lab5_num_ok" if ok else "lab5_num_bad", lang,
                                                            err=float(err.max()), i=i, j=j, got=float(S[i, j]),
                                                            want=float(S_ref[i, j]))))
