@@ -23,8 +23,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from flash_attention_py.validation import (array_kind, check_flag, check_qkv, check_same_as, device_of,
-                                           dtype_name, resolve_softmax_scale)
+from flash_attention_py.validation import (array_kind, check_flag, check_qkv, check_same_as, check_scale_range,
+                                           device_of, dtype_name, resolve_lazy, resolve_softmax_scale)
 
 __all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "KERNELS", "RUNGS", "supported_text", "MMA_CONFIGS",
            "WGMMA_CONFIGS"]
@@ -74,6 +74,7 @@ KERNELS = tuple(RUNGS)  # ('naive', 'tiled', 'mma', 'wgmma')
 # tiled otherwise.
 HOPPER_ONLY = {"wgmma": "90"}
 BACKWARD_MAX_HEAD_DIM = 128
+MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 
 # mma: (BC keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
 # A block holds Br = 16 * tiles * warps query rows.
@@ -279,6 +280,10 @@ def _check_inputs(q, k, v, kernel, fn=FN):
             f"{fn}: kernel {kernel!r} does not support dtype {dt} with head dim D = {dims.D}; "
             f"it supports {RUNGS[kernel].text()} (all kernels: {supported_text()})"
         )
+    if dims.B * dims.H > MAX_GRID_Y:
+        raise ValueError(f"{fn}: q has B * H = {dims.B} * {dims.H} = {dims.B * dims.H} (shape {tuple(q.shape)}); the "
+                         f"kernels launch one grid row per (batch, head) and a CUDA grid has at most {MAX_GRID_Y} rows: "
+                         f"expected B * H <= {MAX_GRID_Y} (split the batch)")
     if not dev.startswith("cuda"):
         raise ValueError(f"{fn}: q, k and v must be on a CUDA device, got {dev}; move them with .cuda()")
     if kernel in HOPPER_ONLY and _device_cc(q) != HOPPER_ONLY[kernel]:
@@ -292,9 +297,15 @@ _CC: dict = {}  # device index -> compute capability
 
 def _device_cc(x) -> str:
     if array_kind(x) == "torch":
-        idx = x.device.index if x.device.index is not None else __import__("torch").cuda.current_device()
-    else:
-        idx = x.device.id
+        import torch
+
+        idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if idx not in _CC:
+            # torch's query, not CuPy's: torch.compile folds it to a constant, where CuPy would break the graph
+            props = torch.cuda.get_device_properties(idx)
+            _CC[idx] = f"{props.major}{props.minor}"
+        return _CC[idx]
+    idx = x.device.id
     if idx not in _CC:
         _CC[idx] = compute_capability(idx)
     return _CC[idx]
@@ -426,6 +437,7 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     """
     fn = "flash_attn_cuda_backward"
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"))
+    q, k, v, o, do = (resolve_lazy(x) for x in (q, k, v, o, do))  # conj/neg views: the kernels read raw memory
     check_flag(causal, "causal", fn=fn)
     for name, x in (("o", o), ("do", do)):
         check_same_as(x, name, q, "q", fn=fn)
@@ -434,6 +446,9 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
         raise ValueError(f"{fn}: kernel must be one of {', '.join(BACKWARD_KERNELS)}, got {kernel!r}")
     if D > BACKWARD_MAX_HEAD_DIM:
         raise ValueError(f"{fn}: the backward kernels take D <= {BACKWARD_MAX_HEAD_DIM}, got D = {D}")
+    if B * H > MAX_GRID_Y:
+        raise ValueError(f"{fn}: q has B * H = {B * H}; a CUDA grid has at most {MAX_GRID_Y} rows: "
+                         f"expected B * H <= {MAX_GRID_Y} (split the batch)")
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
     out_dtype = dtype_name(q)
     dev = device_of(q)
@@ -501,6 +516,7 @@ def _autograd_fn():
             return o, lse
 
         @staticmethod
+        @torch.autograd.function.once_differentiable  # a double backward raises, never drops the 2nd-order term
         def backward(ctx, do, dlse):
             q, k, v, o, lse = ctx.saved_tensors
             if do is None:
@@ -530,19 +546,25 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
     Returns O (B, H, Nq, D) in q's dtype (and lse). A row that sees no key gives O = 0, lse = -inf.
     Differentiable for torch tensors: the backward recomputes from the saved lse, on tensor cores for
     fp16/bf16 with D 64 or 128 (``kernels/mma_backward.cu``), else with the fp32 tiled kernels (fp16/bf16
-    upcast). D <= 128 for the backward.
+    upcast). D <= 128 for the backward. For torch tensors that need gradients, and under ``torch.compile``,
+    the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
+    ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
     """
     check_flag(causal, "causal", fn=FN)
     check_flag(return_lse, "return_lse", fn=FN)
     dims, kernel = _check_inputs(q, k, v, kernel)
+    q, k, v = (resolve_lazy(x) for x in (q, k, v))  # conj/neg views: the kernels read raw memory
     scale = resolve_softmax_scale(softmax_scale, dims.D, fn=FN)
+    check_scale_range(q, k, scale, fn=FN)  # the kernels compute the scores in float32
     if array_kind(q) == "torch":
         import torch
 
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            if "fn" not in _FN_CACHE:
-                _FN_CACHE["fn"] = _autograd_fn()
-            o, lse = _FN_CACHE["fn"].apply(q, k, v, causal, scale, kernel, dims)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+            # the torch.library custom op (library_ops.py): one graph node for torch.compile, differentiable
+            # through its registered backward op. Eager calls that need no gradient skip its dispatch (~30 us).
+            from .library_ops import cuda_fwd
+
+            o, lse = cuda_fwd(q, k, v, causal, scale, kernel)
         else:
             o, lse = _forward(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, kernel, dims)
     else:

@@ -1,9 +1,13 @@
 """The one input generator: fresh random q, k, v (and dO) for tests, benchmarks and notebooks."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 __all__ = ["make_inputs"]
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch", device="cpu",
@@ -12,6 +16,7 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
 
     Arguments
         Nk: defaults to Nq.
+        B, H, Nq, Nk, D: positive ints (anything else raises a ValueError/TypeError naming it).
         dtype: 'float16', 'bfloat16', 'float32' or 'float64' (bfloat16 only for torch).
         kind: 'numpy' or 'torch'.
         device: torch device ('cpu', 'cuda', ...); ignored for NumPy.
@@ -23,7 +28,17 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
     Returns a dict with 'q', 'k', 'v', 'do'. Values are drawn in float64 and then rounded
     to ``dtype``, so a float64 reference of the rounded values is exact.
     """
+    fn = "make_inputs"
     Nk = Nq if Nk is None else Nk
+    for name, val in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk), ("D", D)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
+            raise TypeError(f"{fn}: {name} must be an int, got {type(val).__name__} {val!r}")
+        if val < 1:
+            raise ValueError(f"{fn}: {name} must be >= 1, got {val}")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise ValueError(f"{fn}: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if not isinstance(with_grad, bool):
+        raise TypeError(f"{fn}: with_grad must be True or False, got {type(with_grad).__name__} {with_grad!r}")
     if layout not in ("bhnd", "bnhd"):
         raise ValueError(f"make_inputs: layout must be 'bhnd' or 'bnhd', got {layout!r}")
     if kind not in ("numpy", "torch"):

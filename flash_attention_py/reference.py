@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validation import array_kind, check_flag, check_qkv, resolve_softmax_scale
+from .validation import (FLOAT_DTYPES, array_kind, check_flag, check_qkv, check_same_as, check_scale_range,
+                         dtype_name, resolve_lazy, resolve_softmax_scale)
 
 __all__ = ["attention_reference", "attention_reference_grads", "attention_naive"]
 
 
-def _naive_torch(q, k, v, causal: bool, scale: float, need_lse: bool = True):
-    """softmax(q k^T * scale) v in q's dtype (torch tensors), rows that see no key give 0 / -inf.
+def _naive_torch(q, k, v, causal: bool, scale: float, need_lse: bool = True, exact: bool = True):
+    """softmax(q k^T * scale) v in q's dtype (torch tensors).
+
+    Non-finite semantics (every backend must give the same): a row whose scores are all -inf (no key
+    visible, or every visible score -inf) gives O = 0 and lse = -inf; a row with a NaN score gives
+    O = NaN and lse = NaN; a row with a +inf score (and no NaN) gives O = NaN and lse = +inf.
+
+    ``exact`` (the float64 reference): the semantics hold for the gradients too (a row of only -inf scores gets
+    zero gradients, a hidden key gets P = 0 even in a NaN row), at the cost of two more passes over S.
+    Otherwise (attention_naive, which the benchmark times) the forward only: O is zeroed on rows of only -inf
+    scores after P V, which costs a pass over O, not over S (their gradients are NaN).
 
     Returns (O, lse); lse is None unless ``need_lse`` (it costs another pass over S, in fp32 for fp16/bf16).
     """
@@ -24,18 +34,30 @@ def _naive_torch(q, k, v, causal: bool, scale: float, need_lse: bool = True):
 
     Nq, Nk = q.shape[-2], k.shape[-2]
     S = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    hidden = None
     if causal:
         i = torch.arange(Nq, device=q.device)[:, None]
         j = torch.arange(Nk, device=q.device)[None, :]
-        S = S.masked_fill(j > i + (Nk - Nq), float("-inf"))
+        hidden = j > i + (Nk - Nq)
+        S = S.masked_fill(hidden, float("-inf"))
     # lse = log(sum_j exp(S_ij)), computed stably; -inf for a row that sees no key
     lse = None
     if need_lse:
         lse = torch.logsumexp(S.float() if S.dtype in (torch.float16, torch.bfloat16) else S, dim=-1)
-    P = torch.softmax(S, dim=-1)
-    if causal and Nq > Nk:  # rows i < Nq - Nk see no key: softmax of an all -inf row is NaN; it attends to nothing
-        P = torch.nan_to_num(P, nan=0.0)
-    return torch.matmul(P, v), lse
+    # a row whose scores are all -inf attends to nothing: softmax would give 0/0 = NaN there, so it gets
+    # O = 0 (NaN scores elsewhere stay NaN: NaN in, NaN out)
+    if lse is not None:
+        dead = (lse == float("-inf")).unsqueeze(-1)
+    else:
+        dead = S.amax(dim=-1, keepdim=True) == float("-inf")
+    if exact:  # softmax on zeros in those rows, then zeroed: finite (zero) gradients there
+        P = torch.softmax(S.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    else:
+        P = torch.softmax(S, dim=-1)
+    if hidden is not None:  # a hidden key has P_ij = 0 exactly, even in a NaN row
+        P = P.masked_fill(hidden, 0.0)
+    o = torch.matmul(P, v)
+    return (o if exact else o.masked_fill(dead, 0.0)), lse
 
 
 def attention_reference(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
@@ -54,6 +76,15 @@ def attention_reference(q, k, v, *, causal=False, softmax_scale=None, return_lse
 
         softmax_scale: defaults to 1/sqrt(D).
         return_lse: also return lse (B, H, Nq) = log(sum_j exp(scaled score)) (natural log).
+
+    Non-finite values (what every backend must reproduce, in O, lse and the gradients):
+        a row that sees no key, or whose every visible score is -inf:  O = 0,   lse = -inf
+        a row with a NaN score (NaN in q_i, or in a key it sees):      O = NaN, lse = NaN
+        a row with a +inf score and no NaN:                            O = NaN, lse = +inf
+    A hidden key (causal) has P_ij = 0 exactly, so a NaN or inf in it does not reach that query's P.
+    (Under causal masking, a NaN/inf in a v row a query cannot see, or in a query row that cannot see a
+    key, can still reach that query's O or that key's gradient here through 0 * inf in the dense matmul,
+    while a tiled backend skips the hidden block: the pattern is specified for pairs that see each other.)
 
     Returns float64 results of the input's array type: O (B, H, Nq, D), and lse if asked.
     """
@@ -85,15 +116,18 @@ def attention_naive(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn)
     check_flag(causal, "causal", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    check_scale_range(q, k, scale, fn=fn, compute=dtype_name(q))  # it computes in the inputs' own dtype
     check_flag(return_lse, "return_lse", fn=fn)
     if array_kind(q) == "numpy":
         import torch
 
-        o, lse = _naive_torch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal, scale,
-                              return_lse)
+        native = q.dtype.newbyteorder("=")  # torch takes native byte order only
+        o, lse = _naive_torch(*(torch.from_numpy(np.ascontiguousarray(x, dtype=native)) for x in (q, k, v)), causal,
+                              scale, return_lse, exact=False)
         o, lse = o.numpy(), (lse.numpy() if return_lse else None)
     else:
-        o, lse = _naive_torch(q, k, v, causal, scale, return_lse)
+        q, k, v = (resolve_lazy(x) for x in (q, k, v))
+        o, lse = _naive_torch(q, k, v, causal, scale, return_lse, exact=False)
     return (o, lse) if return_lse else o
 
 
@@ -105,6 +139,10 @@ def attention_reference_grads(q, k, v, do, *, causal=False, softmax_scale=None):
     """
     fn = "attention_reference_grads"
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn)
+    check_flag(causal, "causal", fn=fn)
+    check_same_as(do, "do", q, "q", fn=fn, dtype=dtype_name(do) if hasattr(do, "dtype") else None)
+    if dtype_name(do) not in FLOAT_DTYPES:
+        raise TypeError(f"{fn}: do must be floating point ({', '.join(FLOAT_DTYPES)}), got {dtype_name(do)}")
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
     import torch
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from .common import causal_offset
-from .validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
+from .validation import (check_block_size, check_flag, check_qkv, check_scale_range, resolve_lazy,
+                         resolve_softmax_scale)
 
 __all__ = ["flash_attn_torch", "FlashAttnSplitFunction"]
 
@@ -28,15 +29,17 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk):
-    """S_ij = scale * Q_i K_j^T (fp32 or fp64), -inf where the causal rule hides a key."""
+def _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk, return_hidden=False):
+    """S_ij = scale * Q_i K_j^T (fp32 or fp64), -inf where the causal rule hides a key (and that mask, or None)."""
     S_ij = torch.matmul(Qi, Kj.transpose(-2, -1)).mul_(scale)
     Br, Bc = S_ij.shape[-2:]
+    hidden = None
     if causal and c0 + Bc - 1 > r0 + causal_offset(Nq, Nk):  # block touches the diagonal
         rows = torch.arange(r0, r0 + Br, device=S_ij.device)[:, None]
         cols = torch.arange(c0, c0 + Bc, device=S_ij.device)[None, :]
-        S_ij.masked_fill_(cols > rows + causal_offset(Nq, Nk), _NEG_INF)
-    return S_ij
+        hidden = cols > rows + causal_offset(Nq, Nk)
+        S_ij.masked_fill_(hidden, _NEG_INF)
+    return (S_ij, hidden) if return_hidden else S_ij
 
 
 def _fully_masked(r0, Br, c0, Nq, Nk):
@@ -81,10 +84,14 @@ def _forward(q, k, v, causal, scale, block_size):
             # O_i = alpha * O_i + P_ij V_j       (in place, written through to O)
             Oi.mul_(alpha).add_(torch.matmul(P_ij, Vj))
             mi.copy_(m_new)
-    # O = O / l ; lse = m + log(l) ; rows that saw no key: O = 0, lse = -inf
-    seen = l > 0
-    O = torch.where(seen, O / torch.where(seen, l, torch.ones_like(l)), torch.zeros_like(O))
-    lse = torch.where(seen, m + torch.log(torch.where(seen, l, torch.ones_like(l))), torch.full_like(m, _NEG_INF))
+    # O = O / l ; lse = m + log(l) ; rows that saw no key (l = 0): O = 0, lse = -inf.
+    # l = NaN (a NaN score, or a +inf one: exp(inf - inf)) gives O = NaN and lse = NaN, or +inf where m = +inf,
+    # as the reference does (``seen = l > 0`` would be False for NaN and silently give 0).
+    none = l == 0
+    l_div = torch.where(none, torch.ones_like(l), l)
+    O = torch.where(none, torch.zeros_like(O), O / l_div)
+    lse = torch.where(none, torch.full_like(m, _NEG_INF),
+                      torch.where(m == float("inf"), m, m + torch.log(l_div)))
     return O.to(q.dtype), lse.squeeze(-1)
 
 
@@ -95,7 +102,8 @@ def _backward(q, k, v, O, lse, dO, causal, scale, block_size):
     Delta = (dO.to(acc) * O.to(acc)).sum(dim=-1, keepdim=True)
     lse = lse.unsqueeze(-1).to(acc)
     no_key = lse == _NEG_INF
-    lse_safe = lse.masked_fill(no_key, 0.0)
+    # rows that saw no key have P = 0; a row with a +inf score (lse = +inf) has P = NaN, as in the reference
+    lse_safe = lse.masked_fill(no_key, 0.0).masked_fill(lse == float("inf"), float("nan"))
     dQ = torch.zeros(q.shape, dtype=acc, device=q.device)
     dK = torch.zeros(k.shape, dtype=acc, device=q.device)
     dV = torch.zeros(v.shape, dtype=acc, device=q.device)
@@ -113,13 +121,17 @@ def _backward(q, k, v, O, lse, dO, causal, scale, block_size):
             if causal and _fully_masked(r0, Qi.shape[-2], c0, Nq, Nk):
                 continue
             Qi, dOi = Qi.to(acc), dO_BLOCKS[i].to(acc)
-            S_ij = _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk)
+            S_ij, hidden = _scores(Qi, Kj, scale, causal, r0, c0, Nq, Nk, return_hidden=True)
             # P_ij = exp(S_ij - lse_i)   (recomputed, never stored)
             P_ij = S_ij.sub_(LSE_BLOCKS[i]).exp_().masked_fill_(NOKEY_BLOCKS[i], 0.0)
+            if hidden is not None:  # a hidden key has P_ij = 0 exactly, even in a NaN row
+                P_ij.masked_fill_(hidden, 0.0)
             # dV_j += P_ij^T dO_i
             dVj.add_(torch.matmul(P_ij.transpose(-2, -1), dOi))
             # dS_ij = P_ij * (dO_i V_j^T - D_i)
             dS_ij = P_ij.mul_(torch.matmul(dOi, Vj.transpose(-2, -1)).sub_(DELTA_BLOCKS[i]))
+            if hidden is not None:  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
+                dS_ij.masked_fill_(hidden, 0.0)
             # dQ_i += scale * dS_ij K_j ;  dK_j += scale * dS_ij^T Q_i
             dQ_BLOCKS[i].add_(torch.matmul(dS_ij, Kj), alpha=scale)
             dKj.add_(torch.matmul(dS_ij.transpose(-2, -1), Qi), alpha=scale)
@@ -138,7 +150,11 @@ class FlashAttnSplitFunction(torch.autograd.Function):
         return O, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dO, _dlse):
+        # once_differentiable: the backward loop is not itself differentiable, so a double backward
+        # (create_graph=True, then a gradient penalty) raises a clear RuntimeError instead of
+        # silently dropping the second-order term
         q, k, v, O, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, O, lse, dO, ctx.causal, ctx.scale, ctx.block_size)
         return dq, dk, dv, None, None, None
@@ -159,17 +175,25 @@ def flash_attn_torch(q, k, v, *, causal=False, softmax_scale=None, block_size=64
               q2  1  1  1                   q2  1  1
 
         softmax_scale: defaults to 1/sqrt(D).
-        block_size: rows per block for Q and K/V (Br = Bc); the last block may be shorter.
+        block_size: rows per block for Q and K/V (Br = Bc); the last block may be shorter; a block_size
+            longer than the sequences is one block.
         return_lse: also return lse (B, H, Nq), float32 (float64 for float64 inputs), not differentiable.
+
+    conj/neg views (``is_conj()``/``is_neg()``) are resolved first. NaN and inf in q, k, v give what the
+    float64 reference gives; a softmax_scale whose scores could overflow the compute dtype is refused.
+    The backward is once-differentiable: a double backward raises a RuntimeError.
 
     Returns O (B, H, Nq, D) in q's dtype, and lse if asked.
     """
     fn = "flash_attn_torch"
     B, H, Nq, Nk, D = check_qkv(q, k, v, fn=fn, kinds=("torch",), dtypes=_DTYPES)
+    q, k, v = (resolve_lazy(x) for x in (q, k, v))  # conj/neg views: compute on their values, not their memory
     check_flag(causal, "causal", fn=fn)
     check_flag(return_lse, "return_lse", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
-    block_size = check_block_size(block_size, "block_size", fn=fn)
+    check_scale_range(q, k, scale, fn=fn, compute="float64" if q.dtype == torch.float64 else "float32")
+    # a block longer than the sequence is one block (torch.split would overflow on block_size = 2**64)
+    block_size = min(check_block_size(block_size, "block_size", fn=fn), max(Nq, Nk))
     O, lse = FlashAttnSplitFunction.apply(q, k, v, causal, scale, block_size)
     if q.dtype != torch.float64:
         lse = lse.float()

@@ -20,7 +20,13 @@ __all__ = [
     "check_same_as",
     "check_block_size",
     "resolve_softmax_scale",
+    "resolve_lazy",
+    "check_scale_range",
+    "FLOAT_DTYPES",
 ]
+
+# the floating dtypes any function of the project may be handed (each backend narrows this down)
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 class AttentionDims(NamedTuple):
@@ -35,6 +41,8 @@ class AttentionDims(NamedTuple):
 
 def array_kind(x) -> str:
     """'numpy', 'torch', 'cupy' or 'unknown' (no import of a library that is not loaded)."""
+    if type(x) in (bool, int, float, complex, str):  # plain scalars (also keeps torch.compile from tracing str ops)
+        return "unknown"
     mod = type(x).__module__.split(".")[0]
     if mod == "numpy":
         return "numpy"
@@ -46,9 +54,15 @@ def array_kind(x) -> str:
 
 
 def dtype_name(x) -> str:
-    """'float32', 'float16', 'bfloat16', ... for a NumPy/CuPy array or a torch tensor."""
-    name = str(x.dtype)
-    return name.replace("torch.", "")
+    """'float32', 'float16', 'bfloat16', ... for a NumPy/CuPy array or a torch tensor.
+
+    Byte order is not part of the name: a big-endian NumPy float32 array ('>f4') is 'float32'
+    (NumPy computes on it as on a native one).
+    """
+    name = getattr(x.dtype, "name", None)
+    if isinstance(name, str) and array_kind(x) != "torch":
+        return name
+    return str(x.dtype).replace("torch.", "")
 
 
 def device_of(x) -> str:
@@ -78,6 +92,11 @@ def check_qkv(q, k, v, *, fn: str, kinds=("numpy", "torch"), dtypes=None) -> Att
         kind = array_kind(x)
         if kind not in kinds:
             raise TypeError(f"{fn}: {name} must be a {_kinds_text(kinds)}, got {type(x).__name__}")
+        if kind == "numpy" and type(x).__name__ == "MaskedArray":
+            raise TypeError(
+                f"{fn}: {name} is a numpy.ma.MaskedArray; masked entries have no meaning in attention. "
+                f"Expected a plain numpy.ndarray: pass {name}.filled(value) or numpy.asarray({name})"
+            )
     first_kind = array_kind(q)
     for name in ("k", "v"):
         if array_kind(arrays[name]) != first_kind:
@@ -113,8 +132,8 @@ def check_qkv(q, k, v, *, fn: str, kinds=("numpy", "torch"), dtypes=None) -> Att
     dt = dts["q"]
     if dtypes is not None and dt not in dtypes:
         raise TypeError(f"{fn}: dtype {dt} is not supported; expected one of {', '.join(sorted(dtypes))}")
-    if dtypes is None and not dt.startswith(("float", "bfloat")):
-        raise TypeError(f"{fn}: q, k, v must be floating point, got {dt}")
+    if dtypes is None and dt not in FLOAT_DTYPES:
+        raise TypeError(f"{fn}: q, k, v must be floating point ({', '.join(FLOAT_DTYPES)}), got {dt}")
     devs = {name: device_of(x) for name, x in arrays.items()}
     if len(set(devs.values())) != 1:
         raise ValueError(
@@ -149,16 +168,118 @@ def check_block_size(value, name: str, *, fn: str) -> int:
     return int(value)
 
 
+def _scalar_of_0d(x):
+    """The Python number held by a 0-d NumPy array or torch tensor (real dtypes only), else None."""
+    kind = array_kind(x)
+    if kind not in ("numpy", "torch", "cupy") or tuple(getattr(x, "shape", (None,))) != ():
+        return None
+    name = dtype_name(x)
+    if name == "bool" or name.startswith("complex") or not (name.startswith(("float", "bfloat", "int", "uint"))):
+        return None
+    return x.item()
+
+
 def resolve_softmax_scale(softmax_scale, D: int, *, fn: str) -> float:
-    """``None`` means 1/sqrt(D); otherwise a finite real number."""
+    """``None`` means 1/sqrt(D); otherwise a finite real number (a 0-d array or tensor holding one is accepted)."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(D)
+    if not isinstance(softmax_scale, numbers.Real):  # (plain numbers first: no array checks under torch.compile)
+        held = _scalar_of_0d(softmax_scale)
+        if held is not None:
+            softmax_scale = held
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"{fn}: softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
-    scale = float(softmax_scale)
+        got = type(softmax_scale).__name__
+        if hasattr(softmax_scale, "shape"):
+            got += f" of shape {tuple(softmax_scale.shape)} and dtype {dtype_name(softmax_scale)}"
+        raise TypeError(f"{fn}: softmax_scale must be a real number (or a 0-d real array/tensor) or None, got {got}")
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:
+        raise ValueError(f"{fn}: softmax_scale must be finite, got {type(softmax_scale).__name__} "
+                         f"{str(softmax_scale)[:20]}... that overflows a float64") from None
     if not math.isfinite(scale):
         raise ValueError(f"{fn}: softmax_scale must be finite, got {scale}")
     return scale
+
+
+def resolve_lazy(x):
+    """A torch tensor with its lazy conjugate/negative bit applied (a plain tensor); anything else unchanged.
+
+    ``torch.complex(a, b).conj().imag`` is a view whose values are -b but whose memory holds b, with
+    ``is_neg()`` True: a kernel that reads the raw memory (Triton, CUDA) would see b. Every torch
+    backend passes its inputs through here first. Differentiable: gradients flow back to ``x``.
+    """
+    if array_kind(x) != "torch":
+        return x
+    import torch
+
+    if torch.compiler.is_compiling():  # no bool queries while tracing (a graph break); both are no-ops then
+        return x.resolve_conj().resolve_neg()
+    if x.is_neg() or x.is_conj():
+        return x.resolve_conj().resolve_neg()
+    return x
+
+
+def check_scale_range(q, k, scale: float, *, fn: str, compute: str = "float32") -> None:
+    """Refuse a ``softmax_scale`` whose scaled scores could overflow the ``compute`` dtype.
+
+    Every scaled score obeys |scale * q_i . k_j| <= |scale| * max_i |q_i| * max_j |k_j| (Cauchy-Schwarz,
+    over the finite entries: inf/NaN entries give inf/NaN scores on purpose, as in the reference).
+    When that bound times log2(e) (the kernels work in base 2) passes a quarter of the dtype's largest
+    value, the call is refused with a ValueError naming softmax_scale. Checked only for |scale| > 1
+    (the usual 1/sqrt(D) never needs it), so ordinary calls pay nothing; while ``torch.compile`` traces,
+    only |scale| itself is checked (reading the data would break the graph).
+    """
+    if abs(scale) <= 1.0:
+        return
+    limit = _MAX[compute] / 4
+    if not abs(scale) * 1.4426950408889634 <= limit:
+        raise ValueError(f"{fn}: softmax_scale = {scale:g} would overflow {compute}, the dtype the scores are "
+                         f"computed in: |softmax_scale| x log2(e) exceeds {limit:.3g}; expected a smaller |softmax_scale|")
+    if array_kind(q) == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():  # a data-dependent check would break the graph: static check only
+            return
+
+        def max_norm(x):
+            x = torch.nan_to_num(x.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+            return float(torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64).max())
+    else:
+        import numpy as np
+
+        def max_norm(x):
+            if array_kind(x) == "cupy":
+                import cupy
+
+                x = cupy.asnumpy(x)
+            x = np.asarray(x, dtype=np.float64)
+            return float(np.sqrt(np.max(np.sum(np.where(np.isfinite(x), x, 0.0) ** 2, axis=-1))))
+
+    with _ignore_overflow():
+        bound = abs(scale) * max_norm(q) * max_norm(k) * 1.4426950408889634
+    if not bound <= limit:
+        raise ValueError(
+            f"{fn}: softmax_scale = {scale:g} would overflow {compute}, the dtype the scores are computed in: "
+            f"|softmax_scale| x max|q_i| x max|k_j| x log2(e) = {bound:.3g} exceeds {limit:.3g}; "
+            f"expected a smaller |softmax_scale| (or q and k of smaller norm)"
+        )
+
+
+_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+        "float64": 1.7976931348623157e308}
+
+
+class _ignore_overflow:
+    def __enter__(self):
+        import numpy as np
+
+        self._old = np.seterr(over="ignore")
+
+    def __exit__(self, *exc):
+        import numpy as np
+
+        np.seterr(**self._old)
 
 
 def check_flag(value, name: str, *, fn: str) -> bool:

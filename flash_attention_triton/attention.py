@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from flash_attention_py.validation import check_flag, check_qkv, resolve_softmax_scale
+from flash_attention_py.validation import check_flag, check_qkv, check_scale_range, resolve_lazy, resolve_softmax_scale
 
 from . import configs as C
+from . import library_ops  # registers torch.ops.fa_ladder.triton_fwd / triton_bwd (it imports this module lazily)
 from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
 from .forward_kernel import LOG2E, attn_fwd_kernel
 
@@ -39,6 +40,23 @@ _BF16_CPU_REASON = ("bfloat16 is not supported on CPU tensors: Triton's interpre
 def _block_d(D: int) -> int:
     """Head dim padded to a power of two >= 16 (tl.dot needs K >= 16); the pad is masked off."""
     return max(16, triton.next_power_of_2(D))
+
+
+def _fit_int32(x, name: str = "q", fn: str = "flash_attn_triton"):
+    """x (B, H, N, D) such that the kernels' int32 row/column offsets cannot wrap around.
+
+    The kernels offset each (batch, head) slice in int64 and rows/columns within it in int32. A legal strided
+    view into a big buffer (a row stride of 34M elements, say) can span more than 2**31 elements in one slice:
+    it is then copied to a contiguous tensor (only the view's own elements). A slice of 2**31 elements or more
+    even when contiguous (N * D >= 2**31) is refused.
+    """
+    N, D = x.shape[-2:]
+    if (N - 1) * abs(x.stride(-2)) + (D - 1) * abs(x.stride(-1)) < 2**31 - 1:
+        return x
+    if N * D >= 2**31 - 1:
+        raise ValueError(f"{fn}: {name} has N * D = {N} * {D} = {N * D} elements per (batch, head); the kernels "
+                         f"index within one (batch, head) in int32: expected N * D < 2**31")
+    return x.contiguous()
 
 
 def _elem(dtype) -> int:
@@ -89,8 +107,15 @@ _JIT = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_
 
 
 # The autotuner's choice per problem, so later calls skip triton.Autotuner.run (host time matters at
-# small N): (kernel, Nq, Nk, HEAD_DIM, CAUSAL, dtype, device) -> (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# small N). Keyed on power-of-two buckets of Nq and Nk: the first length in a bucket is tuned, and every
+# other length in it reuses that choice, so a workload of varying lengths does not keep tuning.
+# (kernel, bucket(Nq), bucket(Nk), HEAD_DIM, CAUSAL, dtype, device) -> (BLOCK_M, BLOCK_N, num_warps, num_stages)
 _PLAN = {}
+
+
+def length_bucket(n: int) -> int:
+    """The autotuning bucket of a sequence length: the next power of two (1100 and 2048 share 2048)."""
+    return triton.next_power_of_2(n)
 
 
 def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block_d, elem, config=None):
@@ -105,7 +130,8 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
         elif max(Nq, Nk) < C.AUTOTUNE_MIN_N:
             config = C.small_config(kernel, block_d, elem)
         else:
-            plan_key = (kernel, Nq, Nk, consts["HEAD_DIM"], consts["CAUSAL"], args[0].dtype, args[0].device)
+            plan_key = (kernel, length_bucket(Nq), length_bucket(Nk), consts["HEAD_DIM"], consts["CAUSAL"],
+                        args[0].dtype, args[0].device)
             config = _PLAN.get(plan_key)
             if config is None:
                 grid = lambda meta: (triton.cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
@@ -132,6 +158,7 @@ def _dot_prec(q) -> str:
 
 
 def _forward(q, k, v, causal: bool, scale: float, config=None):
+    q, k, v = (_fit_int32(x, n) for x, n in zip((q, k, v), ("q", "k", "v")))  # int32 row offsets must not wrap
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
@@ -144,6 +171,8 @@ def _forward(q, k, v, causal: bool, scale: float, config=None):
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, configs=None):
+    do = resolve_lazy(do)  # an upstream gradient can be a conj/neg view too: the kernels read raw memory
+    q, k, v, do = (_fit_int32(x, n) for x, n in zip((q, k, v, do), ("q", "k", "v", "do")))  # int32 row offsets
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     block_d = _block_d(D)
@@ -185,6 +214,7 @@ class FlashAttnTritonFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises, never drops the 2nd-order term
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         if do.dtype != q.dtype:
@@ -206,9 +236,12 @@ def check_inputs(q, k, v, *, fn: str = "flash_attn_triton"):
             f"{fn}: q, k, v are CPU tensors but Triton was imported without its interpreter; expected CUDA "
             "tensors, or set TRITON_INTERPRET=1 before importing triton to run the kernels on the CPU (slow)")
     if dev == "cpu" and dt == "bfloat16":
-        raise TypeError(f"{fn}: {_BF16_CPU_REASON}")
+        raise TypeError(f"{fn}: q, k, v have dtype {_BF16_CPU_REASON}")
     if dt not in DTYPES[dev]:
         raise TypeError(f"{fn}: dtype {dt} is not supported on {dev}; expected one of {', '.join(DTYPES[dev])}")
+    if dev == "cuda" and dims.B * dims.H > 65535:
+        raise ValueError(f"{fn}: q has B * H = {dims.B * dims.H} (shape {tuple(q.shape)}); the kernels launch one grid "
+                         "row per (batch, head) and a CUDA grid has at most 65535: expected B * H <= 65535")
     if dims.D > MAX_HEAD_DIM:
         raise ValueError(f"{fn}: q has head dim D = {dims.D} (shape {tuple(q.shape)}); expected D <= {MAX_HEAD_DIM}")
     return dims
@@ -232,21 +265,29 @@ def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, return_lse=F
               q1  1  1  0   q1 1  1  1  1   q1  1  0
               q2  1  1  1                   q2  1  1
 
-        softmax_scale: defaults to 1/sqrt(D); any finite real (0 and negative included).
+        softmax_scale: defaults to 1/sqrt(D); any finite real (0 and negative included) whose scores fit
+            float32 (else a ValueError: the kernels compute the scores in float32).
         return_lse: also return lse (B, H, Nq) float32 = ln(sum_j exp(scale * S_ij)), not differentiable.
 
     Returns O (B, H, Nq, D) in q's dtype (contiguous), and lse if asked. Gradients are contiguous.
+    With gradients, and under ``torch.compile``, the kernels run as the custom ops
+    ``torch.ops.fa_ladder.triton_fwd`` / ``triton_bwd`` (``library_ops.py``), so ``torch.compile(fullgraph=True)``
+    compiles a model that calls this with no graph break.
     """
     fn = "flash_attn_triton"
     B, H, Nq, Nk, D = check_inputs(q, k, v, fn=fn)
+    q, k, v = (resolve_lazy(x) for x in (q, k, v))  # conj/neg views: the kernels read raw memory
     check_flag(causal, "causal", fn=fn)
     check_flag(return_lse, "return_lse", fn=fn)
     scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
-    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
-        with torch.cuda.device(q.device):
-            o, lse = FlashAttnTritonFunction.apply(q, k, v, causal, scale)
+    check_scale_range(q, k, scale, fn=fn)  # the kernels compute the scores in float32
+    # through the torch.library custom op (library_ops.py): one graph node for torch.compile, differentiable
+    # through its registered backward op. Eager calls that need no gradient skip its dispatch (~30 us).
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        o, lse = library_ops.triton_fwd(q, k, v, causal, scale)
     else:
-        o, lse = FlashAttnTritonFunction.apply(q, k, v, causal, scale)
+        with library_ops.on_device(q):
+            o, lse = _forward(q, k, v, causal, scale)
     return (o, lse) if return_lse else o
 
 

@@ -64,8 +64,10 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
         else:
             lse = tl.load(LSE_ptr + rows)
             delta = tl.load(DELTA_ptr + rows)
-        # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries below
+        # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries below;
+        # a row with a +inf score (lse = +inf) has P = NaN everywhere, as in the reference
         lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+        lse2 = tl.where(lse == float("inf"), float("nan"), lse2)
         # S_ij^T = K_j Q_i^T  (Bc, Br)
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
         # P_ij^T = exp2(S_ij^T * scale * log2(e) - lse2_i)   (the forward's probabilities, recomputed)
@@ -81,6 +83,8 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
         # dS_ij^T = P_ij^T * (dP_ij^T - Delta_i)
         dsT = pT * (dpT - delta[None, :])
+        if MASKED:
+            dsT = tl.where(visible, dsT, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
         # dK_j += dS_ij^T Q_i   (times scale once, at the end)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
     return dk, dv
@@ -181,6 +185,8 @@ def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         # dS_ij = P_ij * (dP_ij - Delta_i)
         ds = p * (dp - delta[:, None])
+        if MASKED:
+            ds = tl.where(visible, ds, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
         # dQ_i += dS_ij K_j   (times scale once, at the end)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
@@ -219,8 +225,10 @@ def attn_bwd_dq_kernel(
                    + offs_d[None, :] * stride_dod, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
-    # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries
+    # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries;
+    # a row with a +inf score (lse = +inf) has P = NaN everywhere, as in the reference
     lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("inf"), float("nan"), lse2)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     K_ptr = K + off_b * stride_kb + off_h * stride_kh + offs_d[None, :] * stride_kd

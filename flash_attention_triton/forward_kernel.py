@@ -78,10 +78,12 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
                 m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:
                 m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # every score so far -inf (an inf in q or k): subtract 0 so exp2(-inf) = 0, not exp2(-inf + inf) = NaN
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             # P_ij = exp2(S_ij * scale * log2(e) - m_new)    (one fused multiply-add per score)
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
             # alpha = exp2(m_old - m_new)
-            alpha = tl.math.exp2(m_i - m_new)
+            alpha = tl.math.exp2(m_i - m_sub)
         # l_new = alpha * l_old + rowsum(P_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         # load V_j (Bc, D)
@@ -108,6 +110,8 @@ def attn_fwd_kernel(
     Q (B, H, Nq, HEAD_DIM), K and V (B, H, Nk, HEAD_DIM): any strides. O (B, H, Nq, HEAD_DIM)
     contiguous, in Q's dtype; LSE (B, H, Nq) float32 contiguous, natural log.
     qk_scale = scale * log2(e). DOT_PREC: tl.dot's input_precision for fp32 inputs.
+    Offsets: (batch, head) in int64, rows and columns in int32: the launcher guarantees that each (batch,
+    head) slice spans fewer than 2**31 elements (``attention._fit_int32``).
     Grid: (cdiv(Nq, BLOCK_M), B * H). (H, Nq, Nk are not specialised: a value of 1 would become a
     compile-time constant, which made triton 3.6's ptxas crash at Nq = Nk = 1.)
     """
@@ -152,12 +156,16 @@ def attn_fwd_kernel(
                                Nk, causal_off, qk_scale, full, hi,
                                True, CAUSAL, NEG_SCALE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
 
-    # O_i = acc / l_i ; a row that saw no key (l = 0) gets O = 0 and lse = -inf
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    # O_i = acc / l_i ; a row that saw no key (l = 0) gets O = 0 and lse = -inf.
+    # l = NaN (a NaN score, or exp2(inf - inf) from a +inf score) stays NaN: O = NaN, and lse = NaN, or +inf
+    # where m = +inf, as in the reference (``l > 0`` would be False for NaN and silently give 0 / -inf)
+    none = l_i == 0.0
+    l_safe = tl.where(none, 1.0, l_i)
+    o = tl.where(none[:, None], 0.0, acc / l_safe[:, None])
     # lse_i = ln(sum_j exp(S_ij * scale)) = (m2_i + log2(l_i)) * ln(2)
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+    lse = tl.where(m_i == float("inf"), float("inf"), lse)
+    lse = tl.where(none, float("-inf"), lse)
 
     row_ok = offs_m < Nq
     tl.store(LSE + pid_bh.to(tl.int64) * Nq + offs_m, lse, mask=row_ok)

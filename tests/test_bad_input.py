@@ -169,3 +169,143 @@ def test_reference_grads_rejects():
 
 def test_unknown_backend_name():
     _expect(ValueError, ["unknown backend", "numpy-v2"], lambda: get_backend("numpy-v9"))
+
+
+# ------------------------------------------------------------------ the smaller crashes of the adversarial issue
+def _qkv(kind="numpy", dtype="float32", shape=(1, 2, 8, 16)):
+    return _arrays(kind, shape_q=shape, shape_k=shape, dtype=dtype)
+
+
+def test_huge_block_size_is_one_block():
+    q, k, v = _qkv("torch")
+    o = flash_attn_torch(q, k, v, block_size=2**64)  # was an overflow inside torch.split
+    assert (o.double() - attention_reference(q, k, v)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("fn", [flash_attn_numpy, attention_reference, attention_naive])
+def test_softmax_scale_too_big_for_a_float(fn):
+    q, k, v = _qkv()
+    _expect(ValueError, ["softmax_scale", "finite", fn.__name__], lambda: fn(q, k, v, softmax_scale=10**400))
+
+
+def test_masked_arrays_refused():
+    q, k, v = _qkv()
+    _expect(TypeError, ["flash_attn_numpy", "q", "MaskedArray"],
+            lambda: flash_attn_numpy(np.ma.masked_array(q, mask=q > 2), k, v))
+
+
+def test_naive_refuses_long_double_and_float8():
+    q, k, v = _qkv()
+    _expect(TypeError, ["attention_naive", "float128" if np.dtype(np.longdouble).itemsize == 16 else "float"],
+            lambda: attention_naive(*(x.astype(np.longdouble) for x in (q, k, v))))
+    tq, tk, tv = _qkv("torch")
+    _expect(TypeError, ["attention_naive", "float8_e4m3fn"],
+            lambda: attention_naive(*(x.to(torch.float8_e4m3fn) for x in (tq, tk, tv))))
+
+
+def test_hbm_stats_with_bad_values():
+    q, k, v = _qkv()
+    _expect(TypeError, ["flash_attn_numpy", "hbm_stats", "read_q"],
+            lambda: flash_attn_numpy(q, k, v, hbm_stats={"read_q": "x"}))
+    stats = {"read_q": 5}
+    flash_attn_numpy(q, k, v, hbm_stats=stats, block_m=4)  # existing counts are added to
+    assert stats["read_q"] == 5 + q.size
+
+
+@pytest.mark.parametrize("kwargs,exc,words", [
+    (dict(Nq=-1), ValueError, ["Nq", "-1"]), (dict(dtype="bogus"), ValueError, ["dtype", "bogus"]),
+    (dict(B=2.5), TypeError, ["B", "2.5"]), (dict(dtype="int8"), ValueError, ["dtype", "int8"]),
+    (dict(D=0), ValueError, ["D", "0"]), (dict(H=True), TypeError, ["H"]),
+])
+def test_make_inputs_bad_arguments(kwargs, exc, words):
+    from flash_attention_py import make_inputs
+
+    _expect(exc, ["make_inputs"] + words, lambda: make_inputs(**kwargs))
+
+
+@pytest.mark.parametrize("order", ["v1", "v2"])
+def test_big_endian_arrays_are_accepted(order):
+    q, k, v = _qkv(dtype="float64")
+    do = np.random.default_rng().standard_normal(q.shape)
+    be = [x.astype(">f8") for x in (q, k, v, do)]
+    o, lse = flash_attn_numpy(*be[:3], loop_order=order, return_lse=True, causal=True)
+    o_ref, lse_ref = attention_reference(q, k, v, causal=True, return_lse=True)
+    assert np.abs(o - o_ref).max() < 1e-12 and np.abs(lse - lse_ref).max() < 1e-12  # computed in float64
+    grads = flash_attn_numpy_backward(*be[:3], o, lse, be[3], causal=True)
+    for g, r in zip(grads, attention_reference_grads(q, k, v, do, causal=True)):
+        assert np.abs(g - r).max() < 1e-11
+    np.testing.assert_allclose(attention_naive(*be[:3]), attention_reference(q, k, v), atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda s: np.array(s), lambda s: torch.tensor(s), lambda s: np.float32(s)],
+                         ids=["numpy-0d", "torch-0d", "numpy-scalar"])
+def test_zero_dim_softmax_scale_accepted(make):
+    q, k, v = _qkv("torch")
+    expect = flash_attn_torch(q, k, v, softmax_scale=float(np.float32(0.3)))
+    assert torch.equal(flash_attn_torch(q, k, v, softmax_scale=make(0.3)), expect)
+    _expect(TypeError, ["flash_attn_torch", "softmax_scale", "(2,)"],
+            lambda: flash_attn_torch(q, k, v, softmax_scale=torch.tensor([0.3, 0.3])))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_scale_that_overflows_the_compute_dtype_is_refused(dtype):
+    """softmax_scale=1e38 on float32 gave all zeros and lse -inf; now a clear error (the scores overflow float32)."""
+    q, k, v = _qkv(dtype=dtype)
+    for call in (lambda: flash_attn_numpy(q, k, v, softmax_scale=1e38),
+                 lambda: flash_attn_torch(*(torch.from_numpy(x) for x in (q, k, v)), softmax_scale=1e38)):
+        _expect(ValueError, ["softmax_scale", "overflow", "float32"], call)
+    # float64 computes in float64: the same scale is fine there, and matches the reference
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    o = flash_attn_numpy(q64, k64, v64, softmax_scale=1e38)
+    np.testing.assert_allclose(o, attention_reference(q64, k64, v64, softmax_scale=1e38), atol=1e-12)
+    # a large scale that fits is computed, and matches the reference
+    o = flash_attn_numpy(q, k, v, softmax_scale=1e30)
+    assert np.abs(o - attention_reference(q, k, v, softmax_scale=1e30)).max() < 1e-2
+
+
+def test_reference_grads_apply_the_shared_checks():
+    q, k, v = _qkv("torch")
+    _expect(TypeError, ["attention_reference_grads", "causal"],
+            lambda: attention_reference_grads(q, k, v, q, causal="False"))
+    _expect(ValueError, ["attention_reference_grads", "do", "(1, 2, 8, 16)", "(1, 2, 3, 16)"],
+            lambda: attention_reference_grads(q, k, v, q[:, :, :3]))
+    _expect(TypeError, ["attention_reference_grads", "do"],
+            lambda: attention_reference_grads(q, k, v, q.numpy()))
+
+
+def _neg_view(x):
+    """A view with torch's lazy negation bit whose values are x (its memory holds -x)."""
+    y = torch.complex(torch.zeros_like(x), -x).conj().imag
+    assert y.is_neg() and torch.equal(y, x)
+    return y
+
+
+def _torch_cpu_backends():
+    return [pytest.param(b, id=b.name) for b in BACKENDS if b.array == "torch" and "cpu" in b.dtypes]
+
+
+@pytest.mark.parametrize("backend", _torch_cpu_backends())
+def test_conj_and_neg_views_are_resolved(backend):
+    """torch.complex(a, b).conj().imag has is_neg() True: its values, not its memory, are attended over."""
+    harness.skip_unless_available(backend, "cpu")
+    a, b = torch.randn(1, 1, 16, 16), torch.randn(1, 1, 16, 16)
+    q = torch.complex(a, b).conj().imag  # = -b, the issue's reproducer
+    k, v = torch.randn(1, 1, 16, 16), torch.randn(1, 1, 16, 16)
+    assert q.is_neg()
+    assert (backend.forward(q, k, v).double() - attention_reference(-b, k, v)).abs().max() < 1e-4
+    assert (backend.forward(k, k, _neg_view(v)).double() - attention_reference(k, k, v)).abs().max() < 1e-4
+    if backend.backward:  # gradients flow back through the resolved view
+        base = q.clone().requires_grad_(True)
+        view = torch.complex(torch.zeros_like(base), -base).conj().imag  # values: base, with the neg bit
+        backend.forward(view, k, v).sum().backward()
+        ref = attention_reference_grads(q, k, v, torch.ones(1, 1, 16, 16))[0]
+        assert (base.grad.double() - ref).abs().max() < 1e-3
+
+
+def test_double_backward_split_is_a_clear_error():
+    """create_graph=True and a gradient penalty: a RuntimeError saying so, never a silently dropped term."""
+    q, k, v = (x.requires_grad_(True) for x in _qkv("torch", dtype="float64"))
+    o = flash_attn_torch(q, k, v)
+    (gq,) = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="(?i)differentiable|double backward|twice"):
+        gq.pow(2).sum().backward()

@@ -27,6 +27,9 @@ PAIRS = [(s, a) for s in launcher.SOURCES if s not in launcher.HOPPER_SOURCES fo
 def test_nvcc_cubin_no_errors_no_warnings(source, arch, tmp_path):
     if NVCC is None:
         pytest.skip("nvcc not found (set NVCC or put it on PATH)")
+    with open(os.path.join(launcher.KERNEL_DIR, source)) as f:
+        if source == "tiled.cu" and "is not written yet" in f.read():
+            pytest.skip("student release: tiled.cu is lab 3's template")
     out = tmp_path / (source + f".{arch}.cubin")
     target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
     # ptxas's performance advisories (e.g. C7514 "wgmma serialized") are printed as info: fail on them too

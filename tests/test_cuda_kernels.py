@@ -305,3 +305,96 @@ def test_mma_backward_every_benchmarked_config(config, D, monkeypatch):
             grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, kernel="mma")
             for name, g, r in zip(("dq", "dk", "dv"), grads, attention_reference_grads(q, k, v, do, causal=causal)):
                 assert _err(g, r) < 4e-3 * max(1.0, r.abs().max().item()), (name, config, Nq, Nk, causal)
+
+
+# ------------------------------------------------------------------ reliability (adversarial inputs), on a GPU
+def _same_pattern(out, ref, tol, what):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{what}: NaN pattern differs from the reference"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(out), inf) and torch.equal(out[inf], ref[inf]), f"{what}: inf pattern differs"
+    fin = torch.isfinite(ref)
+    err = (out[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= tol, f"{what}: max-abs error {err:.3e} > {tol:.1e}"
+
+
+NONFINITE_KERNELS = [("naive", "float32", 40), ("tiled", "float32", 64), ("mma", "float16", 64),
+                     ("mma", "bfloat16", 128), pytest.param("wgmma", "float16", 64, marks=hopper)]
+
+
+@gpu
+@pytest.mark.parametrize("kernel,dtype,D", NONFINITE_KERNELS)
+@pytest.mark.parametrize("where,value", [("q", math.nan), ("k", math.nan), ("k", math.inf), ("q", -math.inf),
+                                         ("v", math.inf)])
+def test_nonfinite_inputs_match_the_reference(kernel, dtype, D, where, value):
+    """NaN in, NaN out (o, lse and the gradients), +inf scores give lse = +inf, -inf scores give 0: as the reference.
+
+    The epilogues used ``l > 0``, False for NaN, which turned a NaN row into O = 0, lse = -inf.
+    """
+    q, k, v, do = _inputs(1, 2, 70, 90, D, dtype)
+    x = {"q": q, "k": k, "v": v}[where]
+    x[0, 1, 69 if where == "q" else 0, 5] = value  # the last query sees every key; every query sees key 0
+    tol = {"float32": 1e-4, "float16": 3e-2, "bfloat16": 2e-1}[dtype]
+    for causal in (False, True):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o, lse = flash_attn_cuda(qq, kk, vv, causal=causal, kernel=kernel, return_lse=True)
+        o.backward(do)
+        o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
+        _same_pattern(o, o_ref, tol, f"{kernel} o")
+        _same_pattern(lse, lse_ref, tol, f"{kernel} lse")
+        for name, g, r in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad),
+                              attention_reference_grads(q, k, v, do, causal=causal)):
+            _same_pattern(g, r, 4 * tol, f"{kernel} {name}")
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["naive", "tiled"])
+def test_neg_views_are_resolved(kernel):
+    """torch.complex(a, b).conj().imag reads as -b: the launcher must not hand its raw memory (b) to a kernel."""
+    q, k, v, _ = _inputs(1, 1, 64, 64, 64, "float32")
+
+    def neg_view(x):  # values x, memory -x, is_neg() True
+        return torch.complex(torch.zeros_like(x), -x).conj().imag
+
+    assert neg_view(q).is_neg() and torch.equal(neg_view(q), q)
+    o = flash_attn_cuda(neg_view(q), k, neg_view(v), kernel=kernel)
+    assert _err(o, attention_reference(q, k, v)) < 1e-4
+
+
+@gpu
+def test_double_backward_is_a_clear_error_or_correct():
+    q, k, v, _ = _inputs(1, 1, 32, 32, 64, "float32")
+    q.requires_grad_(True)
+    o = flash_attn_cuda(q, k, v, kernel="tiled")
+    (gq,) = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="(?i)double backward|differentiate twice|not differentiable"):
+        gq.pow(2).sum().backward()
+
+
+@gpu
+def test_scale_that_overflows_float32_is_refused():
+    q, k, v, _ = _inputs(1, 1, 32, 32, 64, "float16")
+    with pytest.raises(ValueError, match="flash_attn_cuda: softmax_scale .*overflow float32"):
+        flash_attn_cuda(q, k, v, softmax_scale=1e38, kernel="mma")
+
+
+@gpu
+@pytest.mark.slow
+def test_strided_view_with_offsets_past_int32():
+    """The issue's int32-offset reproducer on the CUDA launcher: a view into a 4.4 GB buffer (made contiguous)."""
+    store = torch.zeros(64, 34_200_000, dtype=torch.float16, device="cuda")
+    try:
+        q = store[:, :64].view(1, 1, 64, 64)
+        q.copy_(torch.randn(1, 1, 64, 64, device="cuda").half())
+        k, v = (torch.randn(1, 1, 64, 64, device="cuda").half() for _ in range(2))
+        assert _err(flash_attn_cuda(q, k, v, kernel="mma"), attention_reference(q, k, v)) < 1e-2
+    finally:
+        del store
+        torch.cuda.empty_cache()
+
+
+def test_batch_times_heads_past_the_grid_limit_is_refused():
+    """B * H > 65535 would fail to launch (gridDim.y); a clear error instead (checked before the device)."""
+    q = torch.randn(65536, 1, 1, 64)
+    with pytest.raises(ValueError, match=r"flash_attn_cuda: q has B \* H = .*65536.*at most 65535"):
+        flash_attn_cuda(q, q, q, kernel="tiled")

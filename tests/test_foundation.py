@@ -8,6 +8,8 @@ import torch
 from flash_attention_py import attention_flops, attention_reference, causal_visible, flash_attn_numpy, make_inputs
 from flash_attention_py.common import causal_kv_end
 from flash_attention_py.registry import BACKENDS, get_backend
+from flash_attention_py import attention_reference_grads
+import harness
 
 
 def test_causal_rule_bottom_right():
@@ -87,3 +89,90 @@ def test_registry_entries_are_complete():
             assert b.backward_target
     assert get_backend("numpy-v2").unavailable_reason("cpu") is None
     assert "does not run on cuda" in get_backend("numpy-v2").unavailable_reason("cuda")
+
+
+# ------------------------------------------------------------------ non-finite semantics (issue: NaN became 0)
+def _pattern_equal(out, ref):
+    out, ref = harness.to_f64_numpy(out), harness.to_f64_numpy(ref)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN pattern differs from the reference"
+    assert np.array_equal(np.isinf(out), np.isinf(ref)) and np.array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    fin = np.isfinite(ref)
+    assert np.allclose(out[fin], ref[fin], rtol=1e-3, atol=1e-4)
+
+
+def test_reference_nonfinite_semantics():
+    """NaN in, NaN out; a +inf score gives O = NaN and lse = +inf; only -inf scores give 0 / -inf."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 4, 8)) for _ in range(3))
+    q[0, 0, 1, 3] = np.nan
+    k2 = k.copy()
+    k2[0, 0, 0, :] = np.inf * np.sign(q[0, 0, 2])  # row 2's score with key 0: sum of +inf = +inf
+    o, lse = attention_reference(q, k2, v, return_lse=True)
+    assert np.isnan(o[0, 0, 1]).all() and np.isnan(lse[0, 0, 1])
+    assert np.isnan(o[0, 0, 2]).all() and lse[0, 0, 2] == np.inf
+    # every score -inf (data, not the mask): the row attends to nothing, like a row that sees no key
+    k3 = np.full_like(k, 0.0)
+    k3[..., 0] = np.inf
+    q3 = np.ones_like(q)
+    q3[..., 0] = -1.0
+    o3, lse3 = attention_reference(q3, k3, v, return_lse=True)
+    assert (o3 == 0).all() and np.isneginf(lse3).all()
+
+
+def test_reference_keeps_nan_in_causal_rows_with_more_queries_than_keys():
+    """causal and Nq > Nk: rows that see no key give 0, but a NaN elsewhere stays NaN (was turned into 0)."""
+    x = make_inputs(1, 1, 6, 3, 4, kind="numpy", dtype="float64")
+    q = x["q"].copy()
+    q[0, 0, 5, 0] = np.nan
+    o, lse = attention_reference(q, x["k"], x["v"], causal=True, return_lse=True)
+    assert (o[0, 0, :3] == 0).all() and np.isneginf(lse[0, 0, :3]).all()
+    assert np.isnan(o[0, 0, 5]).all() and np.isnan(lse[0, 0, 5])
+    assert np.isfinite(o[0, 0, 3:5]).all()
+
+
+def _nonfinite_params():
+    cases = [("q", np.nan), ("k", np.nan), ("k", np.inf), ("v", -np.inf), ("q", -np.inf)]
+    out = []
+    for b in BACKENDS:
+        if b.unavailable_reason("cpu") is not None:
+            continue
+        for where, value in cases:
+            if b.slow_on_cpu and where != "q":  # the interpreter is slow; the adversarial module has more cases
+                continue
+            out.append(pytest.param(b, where, value, id=f"{b.name}-{where}-{value}"))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("backend,where,value", _nonfinite_params())
+def test_nonfinite_inputs_match_the_reference(backend, where, value):
+    """The issue's reproducer, in every backend here: o, lse and the gradients keep the reference's NaN/inf."""
+    rng = np.random.default_rng(1)
+    arrays = {n: rng.standard_normal((1, 2, 6, 16)) for n in ("q", "k", "v", "do")}
+    arrays[where][0, 1, 3 if where == "q" else 0, 5] = value
+    dt = "float32" if "float32" in backend.dtypes["cpu"] else backend.dtypes["cpu"][0]
+    if backend.array == "numpy":
+        q, k, v, do = (arrays[n].astype(dt) for n in ("q", "k", "v", "do"))
+    else:
+        q, k, v, do = (torch.from_numpy(arrays[n]).to(getattr(torch, dt)) for n in ("q", "k", "v", "do"))
+    for causal in (False, True):
+        o, lse, dq, dk, dv = backend.forward_backward(q, k, v, do, causal=causal)
+        o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
+        _pattern_equal(o, o_ref)
+        _pattern_equal(lse, lse_ref)
+        for g, g_ref in zip((dq, dk, dv), attention_reference_grads(q, k, v, do, causal=causal)):
+            _pattern_equal(g, g_ref)
+        if where == "q" and np.isnan(value):  # the issue's case: that row was 0 / -inf, dq = 0
+            assert np.isnan(harness.to_f64_numpy(o)[0, 1, 3]).all()
+            assert np.isnan(harness.to_f64_numpy(lse)[0, 1, 3])
+            assert np.isnan(harness.to_f64_numpy(dq)[0, 1, 3]).all()
+
+
+def test_issue_reproducer_numpy_nan_query():
+    q, k, v = (np.random.default_rng(0).standard_normal((1, 1, 4, 8)).astype(np.float32) for _ in range(3))
+    q[0, 0, 1, 3] = np.nan
+    o, lse = flash_attn_numpy(q, k, v, return_lse=True)
+    assert np.isnan(o[0, 0, 1]).all() and np.isnan(lse[0, 0, 1])
+    assert np.isfinite(o[0, 0, [0, 2, 3]]).all()
+    k[0, 0, 2, 0] = np.nan  # one NaN in one key row: every output row is NaN, not 0
+    assert np.isnan(flash_attn_numpy(q, k, v)).all()

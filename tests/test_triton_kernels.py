@@ -167,6 +167,28 @@ def test_gpu_autotuned_path(dtype, D):
             assert_matches(g, g_ref, 10 * tol * math.sqrt(N / 64), f"{name} {dtype} causal={causal}")
 
 
+
+def test_length_bucket():
+    assert [A.length_bucket(n) for n in (1, 1000, 1024, 1025, 1100, 2048, 3000)] == [1, 1024, 1024, 2048, 2048, 2048, 4096]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: the autotuner runs on a GPU")
+def test_gpu_new_length_in_a_tuned_bucket_does_not_tune_again():
+    """Autotuning is keyed on power-of-two buckets of Nq and Nk: 1100 tunes, 1500 (same bucket) reuses it."""
+    D, causal = 64, False
+    tuner = A._TUNED["fwd"]
+    x = make_inputs(1, 2, 1100, 1100, D, dtype="float16", device="cuda")
+    flash_attn_triton(x["q"], x["k"], x["v"], causal=causal)
+    tuned = len(tuner.cache)
+    plans = len(A._PLAN)
+    x = make_inputs(1, 2, 1500, 1500, D, dtype="float16", device="cuda")
+    o = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal)
+    torch.cuda.synchronize()
+    assert len(tuner.cache) == tuned, "a new length in a tuned bucket ran the autotuner again"
+    assert len(A._PLAN) == plans
+    ref = attention_reference(x["q"], x["k"], x["v"], causal=causal)
+    assert_matches(o, ref, TOL["float16"], "o at N=1500 with the bucket's config")
+
 def test_prune_keeps_something_and_fits():
     for kernel, cands in C.CANDIDATES.items():
         for block_d in (16, 64, 128, 256):
@@ -177,3 +199,58 @@ def test_prune_keeps_something_and_fits():
                     BM, BN, w, s = c
                     if len(kept) > 1 or C.smem_estimate(kernel, BM, BN, s, block_d, elem) <= C.SMEM_LIMIT[90]:
                         assert C.smem_estimate(kernel, BM, BN, s, block_d, elem) <= C.SMEM_LIMIT[90]
+
+
+def test_double_backward_is_a_clear_error_or_correct():
+    """create_graph=True then a gradient penalty: either a RuntimeError that says so, or the right 2nd-order term.
+
+    (It used to give q.grad = 2q exactly: the penalty's contribution through the backward was dropped.)
+    """
+    x = make_inputs(1, 1, 16, 16, 16, dtype="float32", device=DEVICE)
+    q, k, v = (t.detach().requires_grad_(True) for t in (x["q"], x["k"], x["v"]))
+    o = flash_attn_triton(q, k, v)
+    (gq,) = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+    try:
+        (gq.pow(2).sum() + q.pow(2).sum()).backward()
+    except RuntimeError as exc:
+        assert any(w in str(exc).lower() for w in ("double backward", "differentiate twice", "not differentiable")), exc
+        return
+    # no error: then the second-order term must be there, as autograd through float64 naive attention gives it
+    from flash_attention_py import attention_naive
+
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (x["q"], x["k"], x["v"]))
+    (g64,) = torch.autograd.grad(attention_naive(q64, k64, v64).pow(2).sum(), q64, create_graph=True)
+    (g64.pow(2).sum() + q64.pow(2).sum()).backward()
+    assert_matches(q.grad, q64.grad, 1e-3, "q.grad of the gradient penalty")
+
+
+def test_scale_that_overflows_float32_is_refused():
+    x = make_inputs(1, 1, 8, 8, 16, dtype="float32", device=DEVICE)
+    with pytest.raises(ValueError, match="flash_attn_triton: softmax_scale .*overflow float32"):
+        flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e38)
+    o = flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e30)  # large but representable: computed
+    assert_matches(o, attention_reference(x["q"], x["k"], x["v"], softmax_scale=1e30), 1e-2, "o scale=1e30")
+
+
+@pytest.mark.slow
+def test_element_offsets_past_int32():
+    """A legal strided view whose row offsets pass 2**31 elements: int64 offsets (it segfaulted with int32).
+
+    The issue's reproducer: a (1, 1, 64, 16) view into a (64, 34_200_000) float16 buffer (4.4 GB), forward and
+    backward. On the GPU it needs about 4.4 GB of device memory.
+    """
+    store = torch.zeros(64, 34_200_000, dtype=torch.float16, device=DEVICE)
+    try:
+        q = store[:, :16].view(1, 1, 64, 16)
+        q.copy_(torch.randn(1, 1, 64, 16, device=DEVICE).half())
+        assert q.stride(2) * 63 > 2**31
+        k, v, do = (torch.randn(1, 1, 64, 16, device=DEVICE).half() for _ in range(3))
+        o, lse, dq, dk, dv = fwd_bwd(q, k, v, do, causal=True)
+        assert_matches(o, attention_reference(q, k, v, causal=True), TOL["float16"], "o")
+        for name, g, g_ref in zip(("dq", "dk", "dv"), (dq, dk, dv),
+                                  attention_reference_grads(q, k, v, do, causal=True)):
+            assert_matches(g, g_ref, 4 * TOL["float16"], name)
+    finally:
+        del store
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()

@@ -10,7 +10,8 @@
 //   dK_j   += dS_ij^T Qi * scale                          (bwd_dkdv: one block per K/V tile, loops over Q)
 //   dQ_i   += dS_ij Kj * scale                            (bwd_dq:   one block per Q tile, loops over K/V)
 // Two kernels instead of atomics: each output tile is owned by one block, so results are deterministic.
-// Masked (i, j) pairs and rows that saw no key (lse = -inf) have P = 0.
+// Masked (i, j) pairs and rows that saw no key (lse = -inf) have P = 0 and dS = 0; a row with a +inf
+// score (lse = +inf) has P = NaN, as in the reference.
 // Tiles: BT x D_PAD in shared memory, rows padded by one float against bank conflicts; 128 threads.
 #include "common.cuh"
 
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(bwd::NT)
         bwd_load<BT, D_PAD>(do_s, dout, i0, Nq, D);
         for (int r = threadIdx.x; r < BT; r += bwd::NT) {
             const bool in = i0 + r < Nq;
-            lse2_s[r] = in ? LSE[bh * Nq + i0 + r] * FA_LOG2E : FA_NEG_INF;
+            lse2_s[r] = in ? fa::lse2_backward(LSE[bh * Nq + i0 + r]) : FA_NEG_INF;
             delta_s[r] = in ? Delta[bh * Nq + i0 + r] : 0.0f;
         }
         __syncthreads();
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(bwd::NT)
     bwd_load<BT, D_PAD>(do_s, dO + bh * Nq * D, i0, Nq, D);
     for (int r = threadIdx.x; r < BT; r += bwd::NT) {
         const bool in = i0 + r < Nq;
-        lse2_s[r] = in ? LSE[bh * Nq + i0 + r] * FA_LOG2E : FA_NEG_INF;
+        lse2_s[r] = in ? fa::lse2_backward(LSE[bh * Nq + i0 + r]) : FA_NEG_INF;
         delta_s[r] = in ? Delta[bh * Nq + i0 + r] : 0.0f;
     }
     float dq[PER];

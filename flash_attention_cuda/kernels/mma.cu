@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
         for (int h = 0; h < 2; ++h) {
             l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);  // the whole row's sum
             l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
-            inv_l[h] = l[mt][h] > 0.0f ? 1.0f / l[mt][h] : 0.0f;  // a row that saw no key: O = 0
+            inv_l[h] = fa::inv_row_sum(l[mt][h]);  // a row that saw no key: O = 0 (NaN stays NaN)
             const int row = q0 + (h == 0 ? ra : rb);
             if (t == 0 && row < Nq)
-                LSE[bh * Nq + row] = l[mt][h] > 0.0f ? (m[mt][h] + __log2f(l[mt][h])) * FA_LN2 : FA_NEG_INF;
+                LSE[bh * Nq + row] = fa::row_lse(m[mt][h], l[mt][h]);
         }
 #pragma unroll
         for (int n = 0; n < NTILES_O; ++n) {

@@ -81,8 +81,11 @@ __device__ __forceinline__ void zero(float (&x)[N][4]) {
     for (int n = 0; n < N; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
 }
 
-// lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0
-__device__ __forceinline__ float lse2_of(float lse) { return lse == FA_NEG_INF ? -FA_NEG_INF : lse * FA_LOG2E; }
+// lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0;
+// a row with a +inf score (lse = +inf) gets NaN, so its P is NaN, as in the reference
+__device__ __forceinline__ float lse2_of(float lse) {
+    return lse == FA_NEG_INF ? -FA_NEG_INF : fa::lse2_backward(lse);
+}
 
 // rows [row0, row0 + ROWS) of lse and Delta into shared memory (rows >= N: lse2 = +inf, Delta = 0)
 template <int ROWS>
@@ -209,7 +212,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #pragma unroll
         for (int n = 0; n < BR / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[n][e] = p[n][e] * (dp[n][e] - Dl[n * 8 + 2 * t + (e & 1)]);
+            for (int e = 0; e < 4; ++e) {
+                const int col = n * 8 + 2 * t + (e & 1), key = k0 + wkey + g + (e < 2 ? 0 : 8);
+                dp[n][e] = p[n][e] * (dp[n][e] - Dl[col]);
+                if (mask && key > i0 + col + off) dp[n][e] = 0.0f;  // 0 * NaN: a hidden pair gets no gradient
+            }
         pack_frags<BR / 8, BF16>(pf, dp);
         mma_pb<D, BR / 16, BF16>(dk, pf, qb, 0);  // dK_j += dS^T Q_i  (times scale at the end)
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
@@ -297,7 +304,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #pragma unroll
         for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[n][e] = p[n][e] * (dp[n][e] - Dl[e >> 1]);
+            for (int e = 0; e < 4; ++e) {
+                dp[n][e] = p[n][e] * (dp[n][e] - Dl[e >> 1]);
+                if (mask && !fa::visible(q0 + wrow + g + (e < 2 ? 0 : 8), j0 + n * 8 + 2 * t + (e & 1), Nk, off,
+                                         is_causal))
+                    dp[n][e] = 0.0f;  // 0 * NaN: a hidden pair gets no gradient from a NaN row
+            }
         unsigned pf[BC / 16][4];
         pack_frags<BC / 8, BF16>(pf, dp);
         mma_pb<D, BC / 16, BF16>(dq, pf, kb, 0);  // dQ_i += dS K_j  (times scale at the end)

@@ -85,11 +85,11 @@ __global__ void __launch_bounds__(BR) naive_fwd(const float* __restrict__ Q, con
         m = m_new;
     }
     if (i < Nq) {
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: O = 0
+        const float inv_l = fa::inv_row_sum(l);  // a row that saw no key: O = 0 (NaN stays NaN)
 #pragma unroll
         for (int d = 0; d < D_PAD; ++d)
             if (d < D) O[bh * Nq * D + (long long)i * D + d] = o_reg[d] * inv_l;
-        LSE[bh * Nq + i] = l > 0.0f ? (m + log2f(l)) * FA_LN2 : FA_NEG_INF;  // lse = m + log(l)
+        LSE[bh * Nq + i] = fa::row_lse(m, l);  // lse = m + log(l); -inf for no key
     }
 }
 

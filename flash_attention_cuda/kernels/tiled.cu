@@ -123,7 +123,7 @@ __device__ __forceinline__ void merge_block_stats(float (&m)[ROWS], float (&l)[R
 
 // ---------------------------------------------------------------------------------------------
 // 4. O = acc / l and lse = (m + log2 l) * ln 2, written to global memory (rows < Nq, columns < D).
-//    A row that saw no key (l = 0) gets O = 0 and lse = -inf, never NaN.
+//    A row that saw no key (l = 0) gets O = 0 and lse = -inf; NaN in gives NaN out (common.cuh).
 //    o: this head's (Nq, D) output; lse: this head's (Nq,) log-sum-exp.
 template <int D_PAD, int ROWS>
 __device__ __forceinline__ void normalize_output(float* __restrict__ o, float* __restrict__ lse, int lane, int row0,
@@ -133,13 +133,13 @@ __device__ __forceinline__ void normalize_output(float* __restrict__ o, float* _
     for (int r = 0; r < ROWS; ++r) {
         const int row = row0 + r;
         if (row >= Nq) continue;
-        const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        const float inv_l = fa::inv_row_sum(l[r]);  // 0 for l = 0; NaN stays NaN
 #pragma unroll
         for (int i = 0; i < D_PAD / 32; ++i) {
             const int d = lane + 32 * i;
             if (d < D) o[(long long)row * D + d] = acc[r][i] * inv_l;  // coalesced: 32 consecutive floats
         }
-        if (lane == 0) lse[row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * FA_LN2 : FA_NEG_INF;
+        if (lane == 0) lse[row] = fa::row_lse(m[r], l[r]);
     }
 }
 

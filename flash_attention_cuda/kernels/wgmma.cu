@@ -329,9 +329,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     for (int h = 0; h < 2; ++h) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);  // the whole row's sum
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        inv_l[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // a row that saw no key: O = 0
+        inv_l[h] = fa::inv_row_sum(l[h]);  // a row that saw no key: O = 0 (NaN stays NaN)
         const int row = row0 + g + 8 * h;
-        if (t == 0 && row < Nq) LSE[bh * Nq + row] = l[h] > 0.0f ? (m[h] + __log2f(l[h])) * FA_LN2 : FA_NEG_INF;
+        if (t == 0 && row < Nq) LSE[bh * Nq + row] = fa::row_lse(m[h], l[h]);
     }
     const int wrow = 64 * wg + 16 * (warp % 4);  // the warp's first row in the block
 #pragma unroll
