@@ -99,6 +99,19 @@ def attention_function(name: str):
     return forward
 
 
+_MASKING_UTILS = []
+
+
+def _masking_utils():
+    """transformers.masking_utils, imported once outside any traced code (torch.compile cannot trace the
+    import of transformers' lazy module inside the mask function)."""
+    if not _MASKING_UTILS:
+        from transformers import masking_utils
+
+        _MASKING_UTILS.append(masking_utils)
+    return _MASKING_UTILS[0]
+
+
 def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
     """transformers mask function: None for plain causal/bidirectional attention without padding, else a mask.
@@ -108,8 +121,7 @@ def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
     ``or``/``and`` masks) goes through ``sdpa_mask``, which returns None only when the pattern needs no mask.
     The attention function refuses every mask it gets.
     """
-    from transformers import masking_utils as mu
-
+    mu = _masking_utils()
     if mask_function is None:
         mask_function = mu.causal_mask_function
     if mask_function in (mu.causal_mask_function, mu.bidirectional_mask_function):
@@ -127,6 +139,8 @@ def register_hf_backends(names=None) -> list:
     first forward.
     """
     from transformers import AttentionInterface, AttentionMaskInterface
+
+    _masking_utils()  # imported now, before any model is compiled
 
     names = list(HF_BACKENDS) if names is None else list(names)
     for name in names:

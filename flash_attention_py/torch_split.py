@@ -104,14 +104,15 @@ def _backward(q, k, v, O, lse, dO, causal, scale, block_size):
     no_key = lse == _NEG_INF
     # rows that saw no key have P = 0; a row with a +inf score (lse = +inf) has P = NaN, as in the reference
     lse_safe = lse.masked_fill(no_key, 0.0).masked_fill(lse == float("inf"), float("nan"))
-    dQ = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dK = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dV = torch.zeros(v.shape, dtype=acc, device=q.device)
     Q_BLOCKS, dO_BLOCKS = torch.split(q, block_size, dim=-2), torch.split(dO, block_size, dim=-2)
     LSE_BLOCKS, NOKEY_BLOCKS = torch.split(lse_safe, block_size, dim=-2), torch.split(no_key, block_size, dim=-2)
-    DELTA_BLOCKS, dQ_BLOCKS = torch.split(Delta, block_size, dim=-2), torch.split(dQ, block_size, dim=-2)
+    DELTA_BLOCKS = torch.split(Delta, block_size, dim=-2)
     K_BLOCKS, V_BLOCKS = torch.split(k, block_size, dim=-2), torch.split(v, block_size, dim=-2)
-    dK_BLOCKS, dV_BLOCKS = torch.split(dK, block_size, dim=-2), torch.split(dV, block_size, dim=-2)
+    # the gradient blocks are tensors of their own, joined at the end (the forward's in-place updates of
+    # split views are its lesson; the backward keeps to fresh tensors, which torch.compile handles everywhere)
+    dQ_BLOCKS = [torch.zeros(Qi.shape, dtype=acc, device=q.device) for Qi in Q_BLOCKS]
+    dK_BLOCKS = [torch.zeros(Kj.shape, dtype=acc, device=q.device) for Kj in K_BLOCKS]
+    dV_BLOCKS = [torch.zeros(Vj.shape, dtype=acc, device=q.device) for Vj in V_BLOCKS]
     for j, (Kj, Vj) in enumerate(zip(K_BLOCKS, V_BLOCKS)):  # outer loop over K/V blocks
         c0 = j * block_size
         Kj, Vj = Kj.to(acc), Vj.to(acc)
@@ -135,6 +136,7 @@ def _backward(q, k, v, O, lse, dO, causal, scale, block_size):
             # dQ_i += scale * dS_ij K_j ;  dK_j += scale * dS_ij^T Q_i
             dQ_BLOCKS[i].add_(torch.matmul(dS_ij, Kj), alpha=scale)
             dKj.add_(torch.matmul(dS_ij.transpose(-2, -1), Qi), alpha=scale)
+    dQ, dK, dV = (torch.cat(blocks, dim=-2) for blocks in (dQ_BLOCKS, dK_BLOCKS, dV_BLOCKS))
     return dQ.to(q.dtype), dK.to(k.dtype), dV.to(v.dtype)
 
 

@@ -220,6 +220,9 @@ def resolve_lazy(x):
     return x
 
 
+_PRECISION_LIMIT = {"float32": 2.0 ** 20, "float64": 2.0 ** 49}  # 2^(mantissa bits - 3)
+
+
 def check_scale_range(q, k, scale: float, *, fn: str, compute: str = "float32") -> None:
     """Refuse a ``softmax_scale`` whose scaled scores could overflow the ``compute`` dtype.
 
@@ -263,6 +266,18 @@ def check_scale_range(q, k, scale: float, *, fn: str, compute: str = "float32") 
             f"{fn}: softmax_scale = {scale:g} would overflow {compute}, the dtype the scores are computed in: "
             f"|softmax_scale| x max|q_i| x max|k_j| x log2(e) = {bound:.3g} exceeds {limit:.3g}; "
             f"expected a smaller |softmax_scale| (or q and k of smaller norm)"
+        )
+    # Precision: the backward recomputes P_ij = exp2(S_ij - lse_i) from lse. When a score is so large that one
+    # unit in its last place is a sizeable fraction of 1 (in log2 units), the recomputed exponent can differ
+    # from the forward's by more than 1 and exp2 blows up (inf * 0 = NaN in dS_ij). Below 2^(mantissa - 3)
+    # one ulp of a score is at most 1/8.
+    if compute in _PRECISION_LIMIT and not bound <= _PRECISION_LIMIT[compute]:
+        raise ValueError(
+            f"{fn}: softmax_scale = {scale:g} makes the scores too large to hold precisely in {compute}: "
+            f"|softmax_scale| x max|q_i| x max|k_j| x log2(e) = {bound:.3g} exceeds {_PRECISION_LIMIT[compute]:.3g} "
+            f"(2^{int(math.log2(_PRECISION_LIMIT[compute]))}), where one unit in the last place of a score is more "
+            f"than 1/8 and the softmax's recomputation in the backward is meaningless; expected a smaller "
+            f"|softmax_scale| (or q and k of smaller norm)"
         )
 
 

@@ -254,13 +254,18 @@ def test_scale_that_overflows_the_compute_dtype_is_refused(dtype):
     for call in (lambda: flash_attn_numpy(q, k, v, softmax_scale=1e38),
                  lambda: flash_attn_torch(*(torch.from_numpy(x) for x in (q, k, v)), softmax_scale=1e38)):
         _expect(ValueError, ["softmax_scale", "overflow", "float32"], call)
-    # float64 computes in float64: the same scale is fine there, and matches the reference
+    # a scale whose scores fit but are too large to hold precisely (one ulp > 1/8 in log2 units) is refused too:
+    # the backward's recomputation of P from lse would be meaningless (it gave NaN gradients on a GPU)
+    for call in (lambda: flash_attn_numpy(q, k, v, softmax_scale=1e30),
+                 lambda: flash_attn_torch(*(torch.from_numpy(x) for x in (q, k, v)), softmax_scale=1e30)):
+        _expect(ValueError, ["softmax_scale", "precisely", "float32"], call)
+    # float64 computes in float64: a scale that float32 cannot hold precisely is fine there, and matches
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    o = flash_attn_numpy(q64, k64, v64, softmax_scale=1e38)
-    np.testing.assert_allclose(o, attention_reference(q64, k64, v64, softmax_scale=1e38), atol=1e-12)
-    # a large scale that fits is computed, and matches the reference
-    o = flash_attn_numpy(q, k, v, softmax_scale=1e30)
-    assert np.abs(o - attention_reference(q, k, v, softmax_scale=1e30)).max() < 1e-2
+    o = flash_attn_numpy(q64, k64, v64, softmax_scale=1e10)
+    np.testing.assert_allclose(o, attention_reference(q64, k64, v64, softmax_scale=1e10), atol=1e-12)
+    # a large scale that fits precisely is computed, and matches the reference
+    o = flash_attn_numpy(q, k, v, softmax_scale=1e4)
+    assert np.abs(o - attention_reference(q, k, v, softmax_scale=1e4)).max() < 1e-2
 
 
 def test_reference_grads_apply_the_shared_checks():

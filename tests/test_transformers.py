@@ -121,8 +121,13 @@ def test_kv_cache_prefill_in_chunks():
     assert (second - full[:, 9:]).abs().max().item() < 1e-4
 
 
+OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fa_ladder_torch", "fa_ladder_triton"])
+@pytest.mark.parametrize("name", [
+    pytest.param("fa_ladder_torch", marks=pytest.mark.xfail(OLD_TORCH, strict=False, reason="torch < 2.13: on torch 2.11, aot_eager gave gradients that differ from eager for the split loop's autograd.Function (recorded on the GPU image); torch 2.13, the pinned version, agrees")),
+    "fa_ladder_triton"])
 def test_llama_compiles_fullgraph(name):
     """A training step of the whole model, torch.compile(fullgraph=True): the same logits and grads as eager."""
     if "triton" in name and _triton_reason("cpu"):

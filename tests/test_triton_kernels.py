@@ -228,8 +228,10 @@ def test_scale_that_overflows_float32_is_refused():
     x = make_inputs(1, 1, 8, 8, 16, dtype="float32", device=DEVICE)
     with pytest.raises(ValueError, match="flash_attn_triton: softmax_scale .*overflow float32"):
         flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e38)
-    o = flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e30)  # large but representable: computed
-    assert_matches(o, attention_reference(x["q"], x["k"], x["v"], softmax_scale=1e30), 1e-2, "o scale=1e30")
+    with pytest.raises(ValueError, match="flash_attn_triton: softmax_scale .*too large to hold precisely"):
+        flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e30)  # fits, but one ulp of a score > 1/8
+    o = flash_attn_triton(x["q"], x["k"], x["v"], softmax_scale=1e4)  # large but precise: computed
+    assert_matches(o, attention_reference(x["q"], x["k"], x["v"], softmax_scale=1e4), 1e-2, "o scale=1e4")
 
 
 @pytest.mark.slow
