@@ -129,7 +129,7 @@ CHEATS = {  # name: (how to make it from the solution (None: from the template),
     "endless_loop_in_a_todo_function": (lambda s: s.replace(FINALIZE_FIRST_LINE, "    while True:\n        pass\n"),
                                         "endless loop"),
 }
-FAST_CHEATS = {"library_call_for_the_loop", "os_exit_in_a_todo_function", "endless_loop_in_a_todo_function"}
+FAST_CHEATS = {"library_call_for_the_loop", "os_exit_in_a_todo_function"}  # the endless loop waits for its timeout: slow set
 
 
 @needs_solutions

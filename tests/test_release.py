@@ -125,6 +125,7 @@ def test_graders_in_the_release_fail_on_their_templates_with_a_message(rel, lab)
     assert s.returncode == 2 and "Traceback" not in s.stdout + s.stderr, s.stdout + s.stderr
 
 
+@pytest.mark.slow
 def test_the_release_own_tests_run(rel):
     """A few fast tests of the release's own suite, on the CPU (the GPU suite is the repository's)."""
     out, _ = rel
