@@ -499,37 +499,6 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     return dq, dk, dv
 
 
-def _autograd_fn():
-    import torch
-
-    class FlashAttnCudaFunction(torch.autograd.Function):
-        """Forward: the chosen kernel. Backward: recompute kernels from the saved lse (tensor cores for
-        fp16/bf16 with D 64/128, else the fp32 tiled kernels)."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale, kernel, dims):
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-            o, lse = _forward(q, k, v, causal, scale, kernel, dims)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale = causal, scale
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable  # a double backward raises, never drops the 2nd-order term
-        def backward(ctx, do, dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            if do is None:
-                do = torch.zeros_like(o)
-            dq, dk, dv = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=ctx.causal, softmax_scale=ctx.scale)
-            return dq, dk, dv, None, None, None, None
-
-    return FlashAttnCudaFunction
-
-
-_FN_CACHE = {}
-
-
 def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto", return_lse=False):
     """FlashAttention forward by a raw CUDA kernel launched through CuPy.
 
