@@ -4,8 +4,9 @@
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration
 #   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep
-#   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder vs FA2 (with the config sweep), SASS counts,
-#                                                      # host time per call
+#   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder and backward vs FA2 (with the config sweeps),
+#                                                      # SASS counts, host time per call (benchmark presets)
+#   bash .ci/gpu_run.sh --out results/gpu triton       # Triton vs FA2 and cuDNN (the triton-vs-fa2 preset)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
@@ -39,18 +40,30 @@ for step in "$@"; do
       timeout "${SWEEP_S:-500}" python3 -m benchmarks --no-progress --out "$OUT/h100-default" > "$OUT/bench_default.log" 2>&1
       echo "sweep rc=$?"; tail -n 60 "$OUT/bench_default.log" ;;
     cuda)
-      timeout "${CUDA_S:-400}" python3 benchmarks/cuda_ladder_vs_fa2.py --sweep --out "$OUT/cuda" > "$OUT/cuda_ladder.log" 2>&1
-      echo "cuda ladder rc=$?"; grep -E "causal=|best" "$OUT/cuda_ladder.log"
-      python3 flash_attention_cuda/sass_summary.py --source mma.cu --source wgmma.cu --source tiled.cu > "$OUT/cuda/sass_summary.txt" 2>&1
-      python3 benchmarks/launch_overhead.py --profile > "$OUT/cuda/launch_overhead.txt" 2>&1
-      head -n 6 "$OUT/cuda/launch_overhead.txt" ;;
+      # the benchmark's presets (python -m benchmarks --list names them); each folder holds the sweep's files and
+      # the side-by-side summary the docs read (cuda_ladder.json, cuda_backward.json, launch_overhead.txt)
+      mkdir -p "$OUT/cuda"
+      timeout "${CUDA_S:-400}" python3 -m benchmarks --preset cuda-ladder --sweep --no-progress \
+        --out "$OUT/cuda/cuda-ladder" > "$OUT/cuda_ladder.log" 2>&1
+      echo "cuda ladder rc=$?"; grep -E "^sweep .*(best|failed)" "$OUT/cuda_ladder.log" | head -n 20; tail -n 20 "$OUT/cuda/cuda-ladder/cuda_ladder.md"
+      timeout "${CUDA_BWD_S:-400}" python3 -m benchmarks --preset cuda-backward --sweep --no-progress \
+        --out "$OUT/cuda/cuda-backward" > "$OUT/cuda_backward.log" 2>&1
+      echo "cuda backward rc=$?"; tail -n 20 "$OUT/cuda/cuda-backward/cuda_backward.md"
+      python3 tools/sass_summary.py --source mma.cu --source wgmma.cu --source tiled.cu > "$OUT/cuda/sass_summary.txt" 2>&1
+      timeout "${LAUNCH_S:-120}" python3 -m benchmarks --preset launch-overhead --no-progress \
+        --out "$OUT/cuda/launch-overhead" > "$OUT/launch_overhead.log" 2>&1
+      echo "launch overhead rc=$?"; cat "$OUT/cuda/launch-overhead/launch_overhead.txt" ;;
+    triton)
+      timeout "${TRITON_S:-400}" python3 -m benchmarks --preset triton-vs-fa2 --no-progress \
+        --out "$OUT/triton/triton-vs-fa2" > "$OUT/triton_vs_fa2.log" 2>&1
+      echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md" ;;
     sanitizer)
-      timeout "${SANITIZER_S:-300}" python3 flash_attention_cuda/run_sanitizer.py --log-dir "$OUT/sanitizer"
+      timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
       echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | sanitizer | ncu)"; exit 2 ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | sanitizer | ncu)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

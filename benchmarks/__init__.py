@@ -2,7 +2,9 @@
 
 It reads the backend registry (``flash_attention_py.registry.BACKENDS``), so a new backend is timed as
 soon as it has an entry, and adds PyTorch's own kernels as anchors: naive ``softmax(QK^T)V``
-(``naive-torch``) and ``scaled_dot_product_attention`` pinned to each SDPA kernel.
+(``naive-torch``) and ``scaled_dot_product_attention`` pinned to each SDPA kernel. ``--preset NAME`` runs a
+named comparison (``benchmarks/presets.py``: cuda-ladder, cuda-backward, triton-vs-fa2, launch-overhead)
+through the same sweep and the same timer (``benchmarks/measure.py``).
 """
 
 

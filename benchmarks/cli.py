@@ -4,7 +4,9 @@
     python -m benchmarks --quick                 # a few seconds: tiny sizes
     python -m benchmarks --seed-config           # the seed documents' case: B=8 H=12 N=1024 D=64 fp16
     python -m benchmarks --backends numpy-v2,naive-torch --n 256,512 --causal both --mode both
-    python -m benchmarks --list                  # what can run here, and why not the rest
+    python -m benchmarks --list                  # what can run here, and why not the rest; the presets
+    python -m benchmarks --preset cuda-ladder    # a named set of backends/shapes/modes (benchmarks/presets.py)
+    python -m benchmarks --preset cuda-ladder --dry-run   # the cases it would run, without running them
 
 Every case (backend x dtype x mode x causal x N) becomes one row of the CSV/JSON; a case that runs
 out of memory, is not supported, would take too long (predicted before it runs, from the previous N or
@@ -42,10 +44,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from flash_attention_py.common import attention_flops  # noqa: E402
 from flash_attention_py.inputs import make_inputs  # noqa: E402
 
-from . import measure, report  # noqa: E402
+from . import measure, presets, report  # noqa: E402
 from .targets import ALL_DTYPES, NAIVE, SDPA_KERNELS, build_targets, short_reason  # noqa: E402
 
-PRESETS = {
+# the sweep's defaults per device, and for --quick / --seed-config (named presets: benchmarks/presets.py)
+DEFAULTS = {
     "cpu": dict(n="128..2048", B=1, H=4, D=64, repeats=5, max_call_s=2.0),
     "cuda": dict(n="512..16384", B=4, H=16, D=64, repeats=10, max_call_s=1.0),
     "quick": dict(n="64,128", B=1, H=2, D=32, repeats=3),
@@ -67,24 +70,22 @@ PROBE_MIN_RATIO = 16.0
 
 
 # ------------------------------------------------------------------------------------ options
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum, expected):
+    """An argparse type: an int >= ``minimum``; ``expected`` names it in the error."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _positive_float(text):
@@ -128,7 +129,16 @@ def build_parser():
                     "terminal table, results.csv, results.json and PNG plots.",
         epilog="Examples: python -m benchmarks --quick | --seed-config | --backends numpy-v2,naive-torch --n 256,512 "
                "--causal both --mode both. See benchmarks/README.md.")
-    p.add_argument("--backends", default="default",
+    p.add_argument("--preset", choices=tuple(presets.PRESETS), default=None,
+                   help="a named set of backends, shapes, N, modes and dtypes, with its side-by-side summary "
+                        "files (" + "; ".join(f"{n}: {pr.description}" for n, pr in presets.PRESETS.items()) +
+                        "). Options given beside it replace the preset's values")
+    p.add_argument("--sweep", action="store_true",
+                   help="with --preset cuda-ladder / cuda-backward: first time the CUDA kernels' tile-config "
+                        "candidates per D (recorded in results.json; the library's tables are not changed)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="resolve the options (or the preset) and print the cases, without running any")
+    p.add_argument("--backends", default=None,
                    help="comma-separated backend names, or groups: 'default' (everything that runs here; "
                         "on a CPU without the Triton interpreter), 'all', 'anchors' (naive-torch + sdpa-*), "
                         "'sdpa'. --list shows the names (default: default)")
@@ -146,8 +156,8 @@ def build_parser():
                    help="comma-separated float16,bfloat16,float32,float64, or 'auto': each backend in the first "
                         "dtype it takes of (GPU) float16, bfloat16, float32 / (CPU) float32, float64, float16; the "
                         "anchors in every dtype the others use (default: auto)")
-    p.add_argument("--causal", choices=tuple(CAUSAL), default="off", help="causal mask off (default), on, or both")
-    p.add_argument("--mode", choices=tuple(MODES), default="fwd",
+    p.add_argument("--causal", choices=tuple(CAUSAL), default=None, help="causal mask off (default), on, or both")
+    p.add_argument("--mode", choices=tuple(MODES), default=None,
                    help="fwd, bwd (backward alone), fwd+bwd (one timed forward+backward), both (fwd and bwd rows), "
                         "all (all three) (default: fwd)")
     p.add_argument("--repeats", type=_positive_int, default=None,
@@ -168,40 +178,59 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="tiny sweep (N=64,128, B=1, H=2, D=32) for a smoke test")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--list", action="store_true", help="list the backends and whether they run here, then exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the backends and whether they run here, and the presets, then exit")
     return p
 
 
 def resolve(args, parser, targets):
     """Fill the defaults for this device and check the options; returns a config dict."""
+    named = presets.PRESETS.get(args.preset)
     device = args.device
     if device == "auto":
-        device = "cuda" if _has_cuda() else "cpu"
-    elif device == "cuda" and not _has_cuda():
-        parser.error("--device cuda: there is no CUDA GPU here (torch.cuda.is_available() is False)")
-    preset = dict(PRESETS[device])
+        device = named.device if named is not None else ("cuda" if _has_cuda() else "cpu")
+    if device == "cuda" and not _has_cuda() and not args.dry_run:
+        what = f"--preset {named.name}" if named is not None and args.device == "auto" else "--device cuda"
+        parser.error(f"{what}: there is no CUDA GPU here (torch.cuda.is_available() is False); "
+                     f"--device cpu runs it on the CPU, --dry-run lists its cases")
+    if args.sweep and (named is None or not named.config_sweep):
+        parser.error("--sweep: only with a preset that has a tile-config sweep ("
+                     + ", ".join(n for n, pr in presets.PRESETS.items() if pr.config_sweep) + ")")
+    defaults = dict(DEFAULTS[device])
     if args.quick and args.seed_config:
         parser.error("--quick and --seed-config cannot be combined")
-    if args.quick:
-        preset.update(PRESETS["quick"])
+    if named is not None and args.seed_config:
+        parser.error("--preset and --seed-config cannot be combined")
+    if named is not None:
+        defaults.update(n=named.n, repeats=named.repeats, max_call_s=named.max_call_s)
+        if args.quick:  # the preset's two smallest N
+            defaults["n"] = ",".join(str(n) for n in parse_sizes(named.n)[:2])
+    elif args.quick:
+        defaults.update(DEFAULTS["quick"])
     if args.seed_config:
-        preset.update(PRESETS["seed"])
-    cfg = {"device": device}
-    cfg["B"] = args.batch or preset["B"]
-    cfg["H"] = args.heads or preset["H"]
-    cfg["D"] = args.head_dim or preset["D"]
-    cfg["repeats"] = args.repeats or preset["repeats"]
+        defaults.update(DEFAULTS["seed"])
+    cfg = {"device": device, "preset": args.preset}
+    if named is not None and not (args.batch or args.heads or args.head_dim):
+        shapes = [tuple(s) for s in named.shapes]
+    else:
+        first = named.shapes[0] if named is not None else (defaults["B"], defaults["H"], defaults["D"])
+        shapes = [(args.batch or first[0], args.heads or first[1], args.head_dim or first[2])]
+    cfg["shapes"] = shapes
+    cfg["B"], cfg["H"], cfg["D"] = shapes[0]
+    cfg["repeats"] = args.repeats or defaults["repeats"]
     cfg["budget_s"] = args.budget_s
-    cfg["max_call_s"] = args.max_call_s or preset["max_call_s"]
+    cfg["max_call_s"] = args.max_call_s or defaults["max_call_s"]
+    cfg["timer"] = named.timer if named is not None else "device"
+    cfg["max_n"] = dict(named.max_n) if named is not None else {}
 
     # sequence lengths
     if args.n is not None and (args.nq is not None or args.nk is not None):
         parser.error("--n sets Nq = Nk; use either --n or --nq/--nk")
     if args.nq is None and args.nk is None:
-        ns = args.n or parse_sizes(preset["n"])
+        ns = args.n or parse_sizes(defaults["n"])
         pairs = [(n, n) for n in ns]
     else:
-        default = parse_sizes(preset["n"])
+        default = parse_sizes(defaults["n"])
         nq = args.nq or (args.nk if args.nk is not None else default)
         nk = args.nk or nq
         if len(nq) == 1:
@@ -218,7 +247,8 @@ def resolve(args, parser, targets):
     groups = {"all": list(by_name), "anchors": [n for n, t in by_name.items() if t.is_anchor],
               "sdpa": [n for n in by_name if n in SDPA_KERNELS]}
     chosen = []
-    for token in [s.strip() for s in args.backends.split(",") if s.strip()]:
+    backends = args.backends or (",".join(named.backends) if named is not None else "default")
+    for token in [s.strip() for s in backends.split(",") if s.strip()]:
         if token == "default":
             chosen += [t.name for t in targets if t.unavailable_reason(device) is None
                        and not (device == "cpu" and t.slow_on_cpu)]
@@ -232,6 +262,11 @@ def resolve(args, parser, targets):
     if not chosen:
         parser.error("--backends: no backend selected")
     cfg["backends"] = list(dict.fromkeys(chosen))
+    reference = named.reference if named is not None else None
+    cfg["reference"] = reference if reference in cfg["backends"] else None
+    if cfg["reference"]:  # run first at each N and dtype, so that the others are compared with its output
+        cfg["backends"].remove(reference)
+        cfg["backends"].insert(0, reference)
 
     # dtypes, per backend
     prefs = DTYPE_PREFS[device]
@@ -239,7 +274,10 @@ def resolve(args, parser, targets):
         prefs = ("float16",) + tuple(d for d in prefs if d != "float16")
     text = args.dtype.strip()
     per_backend = {}
-    if text == "auto":
+    if text == "auto" and named is not None:
+        for name in cfg["backends"]:
+            per_backend[name] = list(named.dtypes.get(name) or [prefs[0]])
+    elif text == "auto":
         for name in cfg["backends"]:
             t = by_name[name]
             if not t.is_anchor:
@@ -260,11 +298,17 @@ def resolve(args, parser, targets):
         per_backend = {name: list(dict.fromkeys(dtypes)) for name in cfg["backends"]}
     cfg["dtypes"] = per_backend
     cfg["dtype_option"] = text
-    cfg["modes"] = list(MODES[args.mode])
-    cfg["causal"] = list(CAUSAL[args.causal])
+    if named is not None and args.mode is None and args.causal is None:
+        combos = [tuple(c) for c in named.combos]
+    else:
+        default_mode = named.combos[0][0] if named is not None else "fwd"
+        combos = [(m, c) for m in MODES[args.mode or default_mode] for c in CAUSAL[args.causal or "off"]]
+    cfg["combos"] = combos
+    cfg["modes"] = list(dict.fromkeys(m for m, _ in combos))
+    cfg["causal"] = list(dict.fromkeys(c for _, c in combos))
     cfg["threads"] = args.threads if args.threads is not None else (1 if device == "cpu" else 0)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    cfg["out"] = args.out or os.path.join("bench_out", f"{device}-{stamp}")
+    cfg["out"] = args.out or os.path.join("bench_out", f"{args.preset or device}-{stamp}")
     return cfg
 
 
@@ -305,37 +349,41 @@ def out_folder_problem(out, names):
 
 # ------------------------------------------------------------------------------------ cases
 def make_cases(cfg, by_name):
-    """Every case, in the order of the tables: mode, causal, backend, dtype, then N ascending."""
+    """Every case, in the order of the tables: (mode, causal), shape, backend, dtype, then N ascending."""
     cases = []
-    for mode in cfg["modes"]:
-        for causal in cfg["causal"]:
+    for mode, causal in cfg["combos"]:
+        for B, H, D in cfg["shapes"]:
             for name in cfg["backends"]:
                 for dtype in cfg["dtypes"][name]:
                     for Nq, Nk in cfg["sizes"]:
                         t = by_name[name]
                         cases.append(dict(backend=name, rung=t.rung, device=cfg["device"], dtype=dtype, mode=mode,
-                                          causal=causal, B=cfg["B"], H=cfg["H"], Nq=Nq, Nk=Nk, D=cfg["D"]))
+                                          causal=causal, B=B, H=H, Nq=Nq, Nk=Nk, D=D))
     return cases
 
 
 def run_order(cases):
-    """Indices of ``cases`` in the order they are run: by mode, causal, N, dtype, then backend, so one set of
-    inputs serves every backend at that N and dtype (drawing 4 x B*H*N*D normals at N=16384 takes seconds),
-    while each backend still meets its N values in ascending order (for the predicted-time skip)."""
+    """Indices of ``cases`` in the order they are run: by shape, N, dtype, mode, causal, then backend, so one
+    set of inputs serves every backend, mode and causal at that N and dtype (drawing 4 x B*H*N*D normals at
+    N=16384 takes seconds), the reference backend runs before the others at each (mode, causal), and each
+    backend still meets its N values in ascending order (for the predicted-time skip)."""
     size_rank = {}
     for c in cases:
         size_rank.setdefault((c["Nq"], c["Nk"]), c["Nq"] * c["Nk"])
-    rank = {"mode": {}, "backend": {}}
+    rank = {"mode": {}, "backend": {}, "shape": {}}
     for c in cases:
-        for field, seen in rank.items():
-            seen.setdefault(c[field], len(seen))
+        rank["mode"].setdefault(c["mode"], len(rank["mode"]))
+        rank["backend"].setdefault(c["backend"], len(rank["backend"]))
+        rank["shape"].setdefault((c["B"], c["H"], c["D"]), len(rank["shape"]))
     return sorted(range(len(cases)), key=lambda i: (
-        rank["mode"][cases[i]["mode"]], cases[i]["causal"], size_rank[(cases[i]["Nq"], cases[i]["Nk"])],
-        cases[i]["Nq"], cases[i]["dtype"], rank["backend"][cases[i]["backend"]]))
+        rank["shape"][(cases[i]["B"], cases[i]["H"], cases[i]["D"])], size_rank[(cases[i]["Nq"], cases[i]["Nk"])],
+        cases[i]["Nq"], cases[i]["dtype"], rank["mode"][cases[i]["mode"]], cases[i]["causal"],
+        rank["backend"][cases[i]["backend"]]))
 
 
 class InputCache:
-    """make_inputs for the current (sizes, dtype): one draw per array kind, dropped when they change."""
+    """make_inputs for the current (sizes, dtype): one draw per array kind, dropped when they change; also
+    holds the reference backend's outputs at these inputs (``reference``/``set_reference``)."""
 
     def __init__(self):
         self.key, self.store = None, {}
@@ -352,6 +400,52 @@ class InputCache:
 
     def clear(self):
         self.key, self.store = None, {}
+
+    def reference(self, case):
+        return self.store.get(("reference", case["mode"], case["causal"]))
+
+    def set_reference(self, case, outputs):
+        self.store[("reference", case["mode"], case["causal"])] = outputs
+
+
+def _outputs(out, mode):
+    """The arrays a case's call returns, to compare with the reference's: O (fwd), dQ, dK, dV (bwd), or O, dQ,
+    dK, dV (fwd+bwd; a returned lse is left out, as SDPA returns none)."""
+    if not isinstance(out, (tuple, list)):
+        return [out]
+    out = list(out)
+    if mode == "fwd":
+        return out[:1]
+    if mode == "bwd":
+        return out[-3:]
+    return out[:1] + out[-3:]
+
+
+def _kept(x):
+    """A copy of an output kept for comparison: torch tensors stay on their device in float32 (at N = 16384
+    a float64 copy on the host would take seconds), NumPy arrays become float64."""
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        return x.detach().float().clone()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _max_abs_each(outputs, reference):
+    """Max-abs difference of each output from the reference's (floats), or None where the shapes differ."""
+    import numpy as np
+
+    each = []
+    for a, b in zip(outputs, reference):
+        if tuple(a.shape) != tuple(b.shape):
+            return None
+        if hasattr(a, "detach") and hasattr(b, "detach"):
+            each.append(float((a.detach().float() - b).abs().max().item()))
+        else:
+            a, b = (x.detach().double().cpu().numpy() if hasattr(x, "detach") else np.asarray(x, np.float64)
+                    for x in (a, b))
+            each.append(float(np.abs(a - b).max()))
+    return each
 
 
 def _is_oom(exc) -> bool:
@@ -413,12 +507,7 @@ def probe_call(case, target):
             fn = target.prepare(x, causal, mode)
             out = fn()
             out = None
-            if device == "cuda":
-                sec = measure._sync_time(fn)
-            else:
-                t0 = time.perf_counter()
-                out = fn()
-                sec = time.perf_counter() - t0
+            sec = measure.time_once(fn, device=device)
         return attention_flops(B, H, Nq, Nk, D, causal=causal, mode=mode), sec, _size_label(Nq, Nk) + " (probe)"
     except Exception as exc:  # noqa: BLE001
         return _failure(exc, prefix=f"probe at N={_size_label(Nq, Nk)}: ")
@@ -432,7 +521,8 @@ def run_case(case, target, cfg, history, inputs=None):
     row = dict(case)
     row.update(status="ok", reason="", time_ms=math.nan, time_lo_ms=math.nan, time_hi_ms=math.nan,
                spread_pct=math.nan, n_runs=None, timer="", gflop=math.nan, tflops=math.nan,
-               mem_peak_mb=math.nan, mem_extra_mb=math.nan, mem_method="", speedup_vs_naive=math.nan)
+               mem_peak_mb=math.nan, mem_extra_mb=math.nan, mem_method="", speedup_vs_naive=math.nan,
+               ref="", max_abs_vs_ref=math.nan)
     device, dtype, mode = case["device"], case["dtype"], case["mode"]
     B, H, Nq, Nk, D = (case[k] for k in ("B", "H", "Nq", "Nk", "D"))
     flops = attention_flops(B, H, Nq, Nk, D, causal=case["causal"], mode=mode)
@@ -441,6 +531,11 @@ def run_case(case, target, cfg, history, inputs=None):
     reason = target.unavailable_reason(device) or target.case_reason(device, dtype, D, mode)
     if reason:
         row.update(status="unsupported", reason=reason)
+        return row
+    max_n = cfg.get("max_n", {}).get(case["backend"])
+    if max_n is not None and max(Nq, Nk) > max_n:
+        row.update(status="skipped", reason=f"not run: {cfg.get('preset') or 'this run'} times {case['backend']} "
+                                            f"at N <= {max_n} only")
         return row
     # A host allocation that does not fit may bring in the OOM killer rather than a MemoryError. make_inputs
     # draws q, k, v, dO on the host in float64 (then casts, and copies to the GPU); on the CPU, naive-style
@@ -458,7 +553,7 @@ def run_case(case, target, cfg, history, inputs=None):
         return row
 
     # the predicted time per call: from this backend's previous N, or from one small timed call
-    group = (case["backend"], dtype, mode, case["causal"])
+    group = (case["backend"], dtype, mode, case["causal"], B, H, D)
     prev = history.get(group)
     if prev is None and flops > PROBE_MIN_RATIO * attention_flops(B, H, min(Nq, PROBE_N), min(Nk, PROBE_N), D,
                                                                   causal=case["causal"], mode=mode):
@@ -488,14 +583,14 @@ def run_case(case, target, cfg, history, inputs=None):
             if measure.has_nan(out):
                 row.update(status="error", reason="the output holds NaN")
                 return row
+            if cfg.get("reference") and inputs is not None:
+                compare(row, case, out, cfg["reference"], inputs)
             del out
             out = None
             peak, extra, method = measure.peak_memory(fn, device=device, array=target.array)
             row.update(mem_peak_mb=peak / 2**20, mem_extra_mb=extra / 2**20, mem_method=method)
-            if device == "cuda":
-                med, lo, hi, n, timer = measure.time_gpu(fn, repeats=cfg["repeats"])
-            else:
-                med, lo, hi, n, timer = measure.time_cpu(fn, repeats=cfg["repeats"], budget_s=cfg["budget_s"])
+            med, lo, hi, n, timer = measure.time_call(fn, device=device, timer=cfg.get("timer", "device"),
+                                                      repeats=cfg["repeats"], budget_s=cfg["budget_s"])
         row.update(time_ms=med, time_lo_ms=lo, time_hi_ms=hi, n_runs=n, timer=timer,
                    spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
                    tflops=flops / (med * 1e-3) / 1e12 if med > 0 else math.nan)
@@ -506,6 +601,22 @@ def run_case(case, target, cfg, history, inputs=None):
         del x, fn, out
         _cleanup(device, row["status"] != "ok")
     return row
+
+
+def compare(row, case, out, reference, inputs):
+    """Keep the reference backend's outputs at these inputs; for any other backend, record in ``row`` the
+    max-abs difference of its outputs from them (``max_abs_vs_ref``, the largest; ``max_abs_each``, per
+    output, in memory only for the presets' summaries)."""
+    outputs = _outputs(out, case["mode"])
+    if case["backend"] == reference:
+        inputs.set_reference(case, [_kept(o) for o in outputs])
+        return
+    ref = inputs.reference(case)
+    if ref is None or len(ref) != len(outputs):
+        return
+    each = _max_abs_each(outputs, ref)
+    if each:
+        row.update(ref=reference, max_abs_vs_ref=max(each), max_abs_each=each)
 
 
 def add_speedups(rows):
@@ -530,8 +641,13 @@ def main(argv=None):
             why = t.unavailable_reason(device)
             note = " (excluded from the CPU default: slow under the interpreter)" if device == "cpu" and t.slow_on_cpu and not why else ""
             print(f"{t.name:<15} {t.rung:<7} {'runs here' + note if why is None else 'unavailable: ' + why}")
+        print("\npresets (--preset NAME; --dry-run lists a preset's cases):")
+        for name, pr in presets.PRESETS.items():
+            print(f"{name:<15} {pr.description}")
         return 0
     cfg = resolve(args, parser, targets)
+    if args.dry_run:
+        return dry_run(cfg, by_name)
     problem = out_folder_problem(cfg["out"], output_files(plots=not args.no_plots))
     if problem:  # one line, as argparse's own errors end, before anything is run
         parser.exit(2, f"{parser.prog}: error: --out: {problem}\n")
@@ -543,6 +659,26 @@ def main(argv=None):
     finally:  # main() may run inside another program (the tests): give it its thread counts back
         if cfg["threads"]:
             measure.restore_threads(saved)
+
+
+def dry_run(cfg, by_name):
+    """Print the resolved configuration and every case, with why a case would not run where that is known
+    before running it (the backend is unavailable here, does not take the case, or the preset caps its N)."""
+    cases = make_cases(cfg, by_name)
+    shapes = report.shapes_text(cfg)
+    print(f"{cfg.get('preset') or 'sweep'} on {cfg['device']}: {len(cases)} cases; {shapes}; N "
+          f"{', '.join(_size_label(*p) for p in cfg['sizes'])}; (mode, causal) "
+          f"{', '.join(m + (' causal' if c else '') for m, c in cfg['combos'])}; timer {cfg['timer']}; "
+          f"reference {cfg['reference'] or 'none'}; output {cfg['out']}")
+    for c in cases:
+        t = by_name[c["backend"]]
+        why = t.unavailable_reason(c["device"]) or t.case_reason(c["device"], c["dtype"], c["D"], c["mode"])
+        cap = cfg["max_n"].get(c["backend"])
+        if not why and cap is not None and max(c["Nq"], c["Nk"]) > cap:
+            why = f"skipped: N > {cap}"
+        print(f"  {c['backend']:<13} {c['dtype']:<8} {c['mode']:<7} {'causal' if c['causal'] else 'full':<6} "
+              f"B={c['B']} H={c['H']} D={c['D']} N={_size_label(c['Nq'], c['Nk'])}" + (f"  ({why})" if why else ""))
+    return 0
 
 
 def _run(cfg, args, argv, targets, by_name):
@@ -558,11 +694,17 @@ def _run(cfg, args, argv, targets, by_name):
         availability.append(dict(name=t.name, rung=t.rung, description=t.description, available=why is None,
                                  reason=why or "", selected=t.name in cfg["backends"], note=note))
     missing = [a for a in availability if not a["available"]]
-    print(f"benchmark on {cfg['device']}: {len(cases)} cases, B={cfg['B']} H={cfg['H']} D={cfg['D']}, "
+    shapes = report.shapes_text(cfg)
+    print(f"benchmark{' ' + cfg['preset'] if cfg.get('preset') else ''} on {cfg['device']}: {len(cases)} cases, {shapes}, "
           f"backends {', '.join(cfg['backends'])}; output in {cfg['out']}", file=sys.stderr)
     for a in missing:
         print(f"  unavailable here: {a['name']}: {a['reason']}", file=sys.stderr)
 
+    named = presets.PRESETS.get(cfg.get("preset"))
+    sweep = None
+    if args.sweep:
+        sweep = presets.config_sweep(named.config_sweep, cfg["shapes"], cfg["device"],
+                                     log=lambda text: print(text, file=sys.stderr, flush=True))
     matmul_peak = {}
     if cfg["device"] == "cuda":
         used = sorted({d for v in cfg["dtypes"].values() for d in v})
@@ -608,8 +750,10 @@ def _run(cfg, args, argv, targets, by_name):
     config["sizes"] = [list(p) for p in cfg["sizes"]]
     table = report.text_table(rows, cfg)
     print(table)
+    extra = {"config_sweep": sweep} if sweep is not None else {}
     paths = report.write_all(cfg["out"], rows, meta=meta, config=config, backends=availability,
-                             matmul_peak=matmul_peak, table=table,
-                             plots=not args.no_plots)
+                             matmul_peak=matmul_peak, table=table, plots=not args.no_plots, extra=extra)
+    if named is not None:
+        paths += presets.write_summary(cfg["out"], named, rows, dict(meta=meta, config_sweep=sweep))
     print(f"wall time {wall:.1f} s; wrote {', '.join(os.path.basename(p) for p in paths)} to {cfg['out']}")
     return 0

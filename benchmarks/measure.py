@@ -1,11 +1,21 @@
-"""Timing and peak-memory measurement of one zero-argument callable.
+"""Timing and peak-memory measurement of one zero-argument callable: the benchmark's one timer.
+
+Every timing of ``python -m benchmarks`` (the sweep, every preset, the tile-config sweep, forward and
+backward alike) goes through :func:`time_call` (or :func:`time_once` for the single call that predicts a
+case's cost), which picks one of the three below.
 
 GPU: ``triton.testing.do_bench`` (warm-up, L2 flush, median with the 20th/80th percentiles) for calls
 under 0.2 s; slower calls are timed a few times with ``torch.cuda.synchronize`` + ``time.perf_counter``
 (do_bench would run them dozens of times). Peak memory: ``torch.cuda.max_memory_allocated`` after
 ``torch.cuda.reset_peak_memory_stats``, for one call.
 
-CPU: ``time.perf_counter`` over repeats (median, min and max). Peak memory of one call, above what was
+CPU: ``time.perf_counter`` over repeats (median, min and max).
+
+Host time per call (``timer='host'``): what the CPU spends issuing one call (checks, allocation, launch),
+timed over back-to-back calls without a synchronisation between them, at a shape so small that the
+GPU time does not matter.
+
+Peak memory of one call, above what was
 in use before it: ``tracemalloc`` for NumPy backends (NumPy reports its buffers to tracemalloc); for
 torch tensors, which tracemalloc cannot see, the process's peak resident set size (Linux: VmHWM, reset
 through /proc/self/clear_refs, after ``malloc_trim(0)`` hands freed memory back to the OS), minus the
@@ -162,6 +172,67 @@ def time_gpu(fn, *, repeats: int):
     n = max(1, min(repeats, 5)) if est >= 0.2 else max(3, repeats)
     ms = [_sync_time(fn) * 1e3 for _ in range(n)]
     return statistics.median(ms), min(ms), max(ms), n, "cuda.synchronize+perf_counter"
+
+
+def _synchronize(device):
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_host(fn, *, device: str, calls: int = 2000, batches: int = 5, budget_s: float = 5.0):
+    """Host time per call (ms): median, min and max over ``batches`` batches of back-to-back calls, each batch
+    timed by ``time.perf_counter`` from the first call issued to the last, with no synchronisation inside it
+    (the GPU catches up between batches). A batch holds ``calls`` calls, or fewer where one call is so slow
+    (a CPU run) that all batches would take longer than ``budget_s``; up to 20 warm-up calls come first."""
+    t0 = time.perf_counter()
+    fn()
+    _synchronize(device)
+    one = time.perf_counter() - t0
+    calls = max(1, min(calls, int(budget_s / batches / max(one, 1e-9))))
+    for _ in range(min(20, calls)):
+        fn()
+    _synchronize(device)
+    per_call = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e3)
+        _synchronize(device)
+    return (statistics.median(per_call), min(per_call), max(per_call), calls * batches,
+            "host perf_counter per call (no sync)")
+
+
+TIMERS = ("device", "host")
+
+
+def time_call(fn, *, device: str, timer: str = "device", repeats: int = 5, budget_s: float = 1.0,
+              host_calls: int = 2000):
+    """Time ``fn`` the one way the benchmark does: returns (median ms, low ms, high ms, runs, timer name).
+
+    timer='device': :func:`time_gpu` on a GPU (do_bench median, 20th/80th percentiles), :func:`time_cpu`
+    on a CPU (median, min, max); timer='host': :func:`time_host` (host time per call).
+    """
+    if timer == "host":
+        return time_host(fn, device=device, calls=host_calls)
+    if timer != "device":
+        raise ValueError(f"time_call: timer must be one of {TIMERS}, got {timer!r}")
+    if device == "cuda":
+        return time_gpu(fn, repeats=repeats)
+    return time_cpu(fn, repeats=repeats, budget_s=budget_s)
+
+
+def time_once(fn, *, device: str) -> float:
+    """Seconds of one synchronised call of ``fn`` (the probe that predicts a case's cost)."""
+    if device == "cuda":
+        return _sync_time(fn)
+    t0 = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t0
+    del out
+    return dt
 
 
 def available_memory_bytes():

@@ -20,7 +20,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from . import report  # noqa: E402
 
 _NUMERIC = ("time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "gflop", "tflops", "mem_peak_mb", "mem_extra_mb",
-            "speedup_vs_naive")
+            "speedup_vs_naive", "max_abs_vs_ref")
 
 
 def _from_partial(folder):
@@ -34,6 +34,7 @@ def _from_partial(folder):
         order.setdefault(r["backend"], len(order))
     results.sort(key=lambda r: (r["mode"], r["causal"], order[r["backend"]], r["dtype"], r["Nq"] * r["Nk"], r["Nq"]))
     config = {"device": first["device"], "B": first["B"], "H": first["H"], "D": first["D"],
+              "shapes": list(dict.fromkeys((r["B"], r["H"], r["D"]) for r in results)),
               "sizes": sorted({(r["Nq"], r["Nk"]) for r in results})}
     meta = {"partial": True, "device": first["device"],
             "command": "(cut short; rebuilt by python -m benchmarks.replot from cases.jsonl)"}

@@ -3,7 +3,8 @@
     cases.jsonl    each case's row, appended as soon as it is measured (kept if the run is cut short)
     results.csv    one row per case (COLUMNS below)
     results.json   {"meta": environment and command, "config", "backends": what runs here and why not the rest,
-                    "matmul_peak_tflops", "columns", "results": the same rows}
+                    "matmul_peak_tflops", "columns", "results": the same rows, and "config_sweep" after a
+                    preset's --sweep}
     table.txt      the terminal table
     report.md      environment, command, matmul peak, the table and the plots, ready for docs/
     tflops.png, memory.png, speedup.png
@@ -25,7 +26,7 @@ from datetime import datetime, timezone
 COLUMNS = [
     "backend", "rung", "device", "dtype", "mode", "causal", "B", "H", "Nq", "Nk", "D",
     "status", "reason", "time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "n_runs", "timer",
-    "gflop", "tflops", "mem_peak_mb", "mem_extra_mb", "mem_method", "speedup_vs_naive",
+    "gflop", "tflops", "mem_peak_mb", "mem_extra_mb", "mem_method", "speedup_vs_naive", "ref", "max_abs_vs_ref",
 ]
 PLOTS = ("tflops.png", "memory.png", "speedup.png")
 PARTIAL = "cases.jsonl"  # one JSON row per finished case, written as the run goes
@@ -109,9 +110,15 @@ def _size(r):
     return str(r["Nk"]) if r["Nq"] == r["Nk"] else f"{r['Nq']}x{r['Nk']}"
 
 
+def _shape(r):
+    return f"B={r['B']} H={r['H']} D={r['D']}"
+
+
 def _table_rows(rows):
-    """(header, lines, notes): the non-ok reasons become numbered notes under the table."""
+    """(header, lines, notes, right-aligned columns): the non-ok reasons become numbered notes under the table;
+    a run over several (B, H, D) gets a shape column first."""
     notes = {}
+    shaped = len({_shape(r) for r in rows}) > 1
     header = ["backend", "dtype", "mode", "causal", "N", "time ms", "spread %", "TFLOP/s", "mem MB", "x naive", "status"]
     lines = []
     for r in rows:
@@ -119,22 +126,33 @@ def _table_rows(rows):
         if status != "ok":
             idx = notes.setdefault(r["reason"], len(notes) + 1)
             status = f"{status} [{idx}]"
-        lines.append([r["backend"], r["dtype"], r["mode"], "yes" if r["causal"] else "no", _size(r),
-                      _num(r["time_ms"], ".3g"), _num(r["spread_pct"], ".0f"), _num(r["tflops"], ".3g"),
-                      _num(r["mem_extra_mb"], ".3g"), _num(r["speedup_vs_naive"], ".2f"), status])
-    return header, lines, notes
+        lines.append(([_shape(r)] if shaped else []) + [
+            r["backend"], r["dtype"], r["mode"], "yes" if r["causal"] else "no", _size(r),
+            _num(r["time_ms"], ".3g"), _num(r["spread_pct"], ".0f"), _num(r["tflops"], ".3g"),
+            _num(r["mem_extra_mb"], ".3g"), _num(r["speedup_vs_naive"], ".2f"), status])
+    right = {5, 6, 7, 8, 9}
+    if shaped:
+        header = ["shape"] + header
+        right = {i + 1 for i in right}
+    return header, lines, notes, right
+
+
+def shapes_text(cfg):
+    """'B=4 H=32 D=64; B=4 H=16 D=128': the run's shapes."""
+    shapes = cfg.get("shapes") or [(cfg["B"], cfg["H"], cfg["D"])]
+    return "; ".join(f"B={B} H={H} D={D}" for B, H, D in shapes)
 
 
 def _title(cfg):
     threads = f" threads={cfg['threads']}" if cfg.get("device") == "cpu" and cfg.get("threads") else ""
-    return (f"device={cfg['device']}{threads} B={cfg['B']} H={cfg['H']} D={cfg['D']} "
+    preset = f" preset={cfg['preset']}" if cfg.get("preset") else ""
+    return (f"device={cfg['device']}{preset}{threads} {shapes_text(cfg)} "
             f"(time: median; spread: (max-min)/median on CPU, (p80-p20)/median on GPU; mem: peak above the "
             f"inputs; x naive: naive-torch time / this time)")
 
 
 def text_table(rows, cfg):
-    header, lines, notes = _table_rows(rows)
-    right = {5, 6, 7, 8, 9}
+    header, lines, notes, right = _table_rows(rows)
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
 
     def fmt(cells):
@@ -147,9 +165,9 @@ def text_table(rows, cfg):
 
 
 def markdown_table(rows, cfg):
-    header, lines, notes = _table_rows(rows)
+    header, lines, notes, right = _table_rows(rows)
     out = [_title(cfg), "", "| " + " | ".join(header) + " |",
-           "|" + "|".join("---:" if i in {5, 6, 7, 8, 9} else "---" for i in range(len(header))) + "|"]
+           "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
     out += ["| " + " | ".join(l) + " |" for l in lines]
     if notes:
         out.append("")
@@ -213,15 +231,16 @@ def report_markdown(rows, *, meta, config, matmul_peak, plots=True):
     return "\n".join(lines)
 
 
-def write_all(out, rows, *, meta, config, backends, matmul_peak, table, plots=True):
-    """Write every file of a run into ``out``; returns their paths."""
+def write_all(out, rows, *, meta, config, backends, matmul_peak, table, plots=True, extra=None):
+    """Write every file of a run into ``out``; returns their paths. ``extra``: more top-level entries of
+    results.json (a preset's ``config_sweep``)."""
     paths = []
     p = os.path.join(out, "results.csv")
     write_csv(p, rows)
     paths.append(p)
     p = os.path.join(out, "results.json")
     doc = {"meta": meta, "config": config, "backends": backends, "matmul_peak_tflops": matmul_peak,
-           "columns": COLUMNS, "results": [{k: r.get(k) for k in COLUMNS} for r in rows]}
+           "columns": COLUMNS, "results": [{k: r.get(k) for k in COLUMNS} for r in rows], **(extra or {})}
     with open(p, "w") as f:
         json.dump(clean(doc), f, indent=1, allow_nan=False)
     paths.append(p)
@@ -248,13 +267,14 @@ def write_views(out, rows, *, meta, config, matmul_peak, table, plots=True):
 
 # ------------------------------------------------------------------------------------ plots
 def _series(rows, metric):
-    """{(mode, causal): {(backend, dtype): [(x, y), ...]}} over rows with status ok and finite metric."""
+    """{(mode, causal, (B, H, D)): {(backend, dtype): [(x, y, rung), ...]}} over rows with status ok and a
+    finite metric."""
     groups = {}
     for r in rows:
         y = r.get(metric)
         if r["status"] != "ok" or y is None or not math.isfinite(y) or y <= 0:
             continue
-        g = groups.setdefault((r["mode"], r["causal"]), {})
+        g = groups.setdefault(_panel(r), {})
         g.setdefault((r["backend"], r["dtype"]), []).append((r["Nk"], y, r["rung"]))
     return groups
 
@@ -277,6 +297,10 @@ def _styles(names, dtypes):
     return by_backend, by_dtype
 
 
+def _panel(r):
+    return (r["mode"], r["causal"], (r["B"], r["H"], r["D"]))
+
+
 def write_plots(out, rows, matmul_peak, config):
     """tflops.png, memory.png, speedup.png: one panel per (mode, causal); lines against N, or bars where
     the run has a single N. The legend sits outside the panels, so it hides neither points nor ceilings."""
@@ -289,12 +313,13 @@ def write_plots(out, rows, matmul_peak, config):
     from matplotlib.ticker import NullFormatter
 
     mode_rank = {"fwd": 0, "bwd": 1, "fwd+bwd": 2}
-    panels = sorted({(r["mode"], r["causal"]) for r in rows}, key=lambda p: (mode_rank.get(p[0], 3), p[0], p[1])) \
-        or [("fwd", False)]
+    panels = sorted({_panel(r) for r in rows}, key=lambda p: (mode_rank.get(p[0], 3), p[0], p[1], p[2])) \
+        or [("fwd", False, (config["B"], config["H"], config["D"]))]
+    shaped = len({p[2] for p in panels}) > 1
     dtypes = sorted({r["dtype"] for r in rows})
     nq_varies = any(r["Nq"] != r["Nk"] for r in rows)
     xlabel = "Nk (key length)" if nq_varies else "N (sequence length, Nq = Nk)"
-    sub = f"{config['device']}, B={config['B']} H={config['H']} D={config['D']}"
+    sub = f"{config['device']}" if shaped else f"{config['device']}, B={config['B']} H={config['H']} D={config['D']}"
     single_n = len({(r["Nq"], r["Nk"]) for r in rows}) == 1
     if single_n and rows:
         sub += f", N={_size(rows[0])}"
@@ -391,8 +416,9 @@ def write_plots(out, rows, matmul_peak, config):
                 top = max(pts[0][1] for pts in data.values())
                 lo, _ = ax.get_ylim()
                 ax.set_ylim(lo, top * (2.0 if logy else 1.12))  # room for the value labels
-            mode, causal = panel
-            ax.set_title(f"{title}\n{mode}, {'causal' if causal else 'non-causal'}; {sub}", fontsize=9)
+            mode, causal, (B, Hh, D) = panel
+            where = f"{sub}, B={B} H={Hh} D={D}" if shaped else sub
+            ax.set_title(f"{title}\n{mode}, {'causal' if causal else 'non-causal'}; {where}", fontsize=9)
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", axis="y" if single_n else "both", alpha=0.3)
             if not data:

@@ -108,7 +108,7 @@ class RegistryTarget(Target):
         try:  # the module may not exist yet, or fail to import here
             self.backend.load()
         except Exception as exc:
-            return f"cannot import {self.backend.target}: {short_reason(exc)}"
+            return f"cannot import {self.backend.name}'s forward: {short_reason(exc)}"
         return None
 
     def case_reason(self, device, dtype, D, mode):

@@ -12,11 +12,26 @@ The ladder (``KERNELS``), each a readable ``.cu`` file in ``flash_attention_cuda
     backward: recompute from the saved lse, used by autograd: mma_backward.cu (tensor cores, fp16/bf16,
               D 64/128) or backward.cu (fp32 tiled kernels, everything else)
 
-Shapes: q (B, H, Nq, D), k and v (B, H, Nk, D), O (B, H, Nq, D), lse (B, H, Nq) float32.
-Importing needs CuPy but no GPU; launching needs one (``cupy.cuda.is_available()``).
-"""
-from .launcher import (KERNELS, MMA_CONFIGS, RUNGS, SOURCES, WGMMA_CONFIGS, flash_attn_cuda,
-                       flash_attn_cuda_backward, seed_nomax_forward, supported_text)
+The modules: ``launcher.py`` (the public functions and their input checks), ``capabilities.py`` (what
+each kernel takes, the Hopper decision, the probes), ``launch_specs.py`` (grid, block, shared memory and
+arguments of every kernel, the tile configs), ``runtime.py`` (NVRTC, the kernel cache, streams, pointers)
+and ``library_ops.py`` (the torch.library custom ops, imported by ``flash_attn_cuda`` when it first needs
+them).
 
-__all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "seed_nomax_forward", "KERNELS", "RUNGS",
-           "SOURCES", "MMA_CONFIGS", "WGMMA_CONFIGS", "supported_text"]
+Shapes: q (B, H, Nq, D), k and v (B, H, Nk, D), O (B, H, Nq, D), lse (B, H, Nq) float32.
+Importing needs neither torch, CuPy nor a GPU; launching needs CuPy and a GPU
+(``capabilities.cuda_unavailable_reason()``).
+"""
+from . import launch_specs as _launch_specs
+from .launch_specs import MMA_CONFIGS, WGMMA_CONFIGS
+from .launcher import (KERNELS, RUNGS, SOURCES, flash_attn_cuda, flash_attn_cuda_backward, forward_with_config,
+                       seed_nomax_forward, supported_text)
+
+__all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "forward_with_config", "seed_nomax_forward", "KERNELS",
+           "RUNGS", "SOURCES", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG", "supported_text"]
+
+
+def __getattr__(name):
+    if name == "MMA_BACKWARD_CONFIG":  # read where the launches read it (a sweep may rebind it there)
+        return _launch_specs.MMA_BACKWARD_CONFIG
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,93 +1,59 @@
 """The CUDA kernels as ``torch.library`` custom ops, so ``torch.compile`` can trace through them.
 
-    torch.ops.fa_ladder.cuda_fwd(q, k, v, causal, scale, kernel) -> (o, lse)
-    torch.ops.fa_ladder.cuda_bwd(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv)
+    torch.ops.fa_ladder.cuda_fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1,
+                                 dropout_p=0.0, seed_lo=0, seed_hi=0) -> (o, lse)
+    torch.ops.fa_ladder.cuda_bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1,
+                                 dropout_p=0.0, seed_lo=0, seed_hi=0) -> (dq, dk, dv)
 
-Shapes: q (B, H, Nq, D), k and v (B, H, Nk, D) torch CUDA tensors; o (B, H, Nq, D) in q's dtype, contiguous;
-lse (B, H, Nq) float32 (natural log); dq, dk, dv contiguous (B, H, N, D) in q's dtype. ``kernel`` is a rung
-name already resolved by :func:`flash_attention_cuda.flash_attn_cuda` ('naive', 'tiled', 'mma' or 'wgmma').
+Shapes: q (B, Hq, Nq, D), k and v (B, Hk, Nk, D) torch CUDA tensors (Hq % Hk == 0); o (B, Hq, Nq, D) in q's
+dtype, contiguous; lse (B, Hq, Nq) float32 (natural log); dq, dk, dv contiguous, shaped like q, k, v, in q's
+dtype. ``kernel`` is a rung name already resolved by :func:`flash_attention_cuda.flash_attn_cuda` ('naive',
+'tiled', 'mma' or 'wgmma'). The mask is ``masks.window_for(causal, (window_left, window_right))`` (causal
+bounds the right side at 0, as in the public functions); dropout is (dropout_p, the seed's low and high 32-bit
+halves), as the forward call drew it: the backward op draws the same mask again. ``cuda_bwd`` runs the
+recompute kernels (tensor cores for fp16/bf16 with D 64/128, else the fp32 kernels, which take no variant
+beyond causal).
 
-A CuPy launch is opaque to Dynamo, so without these ops ``torch.compile`` breaks the graph at every call.
-The fake implementations give the compiler the outputs' shapes, dtypes and strides without a GPU (they are
-tested on the CPU with fake tensors); the autograd registration differentiates ``cuda_fwd`` through
-``cuda_bwd`` (the recompute kernels, :func:`flash_attention_cuda.flash_attn_cuda_backward`). ``cuda_bwd`` is
-not differentiable: a second backward raises a ``RuntimeError`` that says so.
-
-The ops take inputs already checked by ``flash_attn_cuda``; CuPy arrays do not go through them.
+The fake implementations, the autograd registration and the double-backward error are the shared ones of
+:mod:`flash_attention_py.custom_ops`, whose ``variants=`` arguments the forward's autograd hands to the
+backward. The ops take inputs already checked by ``flash_attn_cuda`` (which calls :func:`forward_op` when it
+needs the op); CuPy arrays do not go through them.
 """
 from __future__ import annotations
 
-import torch
+from flash_attention_py.custom_ops import NAMESPACE, attention_ops
+from flash_attention_py.masks import window_for
 
-__all__ = ["cuda_fwd", "cuda_bwd", "NAMESPACE"]
+from .launch_specs import run_backward, run_forward
 
-NAMESPACE = "fa_ladder"
+__all__ = ["cuda_fwd", "cuda_bwd", "forward_op", "NAMESPACE"]
 
-
-@torch.library.custom_op(f"{NAMESPACE}::cuda_fwd", mutates_args=())
-def cuda_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-             kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward kernel of the ladder: (o (B, H, Nq, D) in q's dtype, lse (B, H, Nq) float32)."""
-    from .launcher import _forward
-
-    B, H, Nq, D = q.shape
-    dims = (B, H, Nq, k.shape[2], D)
-    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, kernel, dims)
+# the arguments both ops take after their own, with defaults: the window, then dropout
+_VARIANTS = "int window_left=-1, int window_right=-1, float dropout_p=0.0, int seed_lo=0, int seed_hi=0"
 
 
-@cuda_fwd.register_fake
-def _cuda_fwd_fake(q, k, v, causal, scale, kernel):
-    B, H, Nq, D = q.shape
-    return q.new_empty((B, H, Nq, D)), q.new_empty((B, H, Nq), dtype=torch.float32)
+def _seed(dropout_p, seed_lo, seed_hi):
+    return (float(dropout_p), int(seed_lo) | (int(seed_hi) << 32) if dropout_p > 0 else None)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::cuda_bwd", mutates_args=())
-def cuda_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The recompute backward (tensor cores for fp16/bf16 with D 64/128, else fp32 tiled): (dq, dk, dv)."""
-    from .launcher import flash_attn_cuda_backward
-
-    if do.dtype != q.dtype:
-        do = do.to(q.dtype)
-    dq, dk, dv = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+def _fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1, dropout_p=0.0, seed_lo=0, seed_hi=0):
+    window = window_for(causal, (window_left, window_right))  # causal bounds the right side at 0
+    return run_forward(q, k, v, window, scale, kernel, dropout=_seed(dropout_p, seed_lo, seed_hi))
 
 
-@cuda_bwd.register_fake
-def _cuda_bwd_fake(q, k, v, o, lse, do, causal, scale):
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(k.shape, dtype=q.dtype, device=q.device),
-            torch.empty(v.shape, dtype=q.dtype, device=q.device))
+def _bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, dropout_p=0.0, seed_lo=0, seed_hi=0):
+    window = window_for(causal, (window_left, window_right))  # causal bounds the right side at 0
+    return run_backward(q, k, v, o, lse, do, window, scale, dropout=_seed(dropout_p, seed_lo, seed_hi))
 
 
-# ----------------------------------------------------------------------------- autograd
-def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, kernel = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
+cuda_fwd, cuda_bwd = attention_ops("cuda", public="flash_attn_cuda", forward=_fwd, backward=_bwd,
+                                   extra="str kernel", variants=_VARIANTS)
 
 
-def _fwd_backward(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    if do is None:  # o was not used by the loss
-        do = torch.zeros_like(o)
-    dq, dk, dv = cuda_bwd(q, k, v, o, lse, do, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None
+def forward_op(q, k, v, causal: bool, scale: float, kernel: str, window: tuple, dropout: tuple, *, fn: str):
+    """cuda_fwd on checked inputs (window resolved, dropout = (p, seed or None)) -> (o, lse).
 
-
-cuda_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
-
-
-def _bwd_setup_context(ctx, inputs, output):
-    pass
-
-
-def _bwd_backward(ctx, *grads):
-    raise RuntimeError(
-        "flash_attn_cuda: double backward is not supported: the backward kernels (fa_ladder::cuda_bwd) are not "
-        "differentiable; differentiate once, or use attention_naive for higher-order gradients")
-
-
-cuda_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+    Grouped-query K/V heads need nothing here (the shapes carry them)."""
+    p, seed = dropout
+    seed = seed or 0
+    return cuda_fwd(q, k, v, causal, scale, kernel, window[0], window[1], p, seed & 0xFFFFFFFF, seed >> 32)

@@ -27,20 +27,36 @@ from __future__ import annotations
 
 __all__ = ["HF_BACKENDS", "register_hf_backends", "attention_function", "mask_function"]
 
-# attn_implementation name -> (module:function of the backend, fixed keyword arguments)
+def _torch_split():
+    from .torch_split import flash_attn_torch
+
+    return flash_attn_torch
+
+
+def _triton():
+    from flash_attention_triton import flash_attn_triton
+
+    return flash_attn_triton
+
+
+def _cuda():
+    from flash_attention_cuda import flash_attn_cuda
+
+    return flash_attn_cuda
+
+
+# attn_implementation name -> (the function that imports the backend and returns it, fixed keyword arguments);
+# the imports run when a backend is registered, so that importing this module stays cheap
 HF_BACKENDS = {
-    "fa_ladder_torch": ("flash_attention_py.torch_split:flash_attn_torch", {}),
-    "fa_ladder_triton": ("flash_attention_triton:flash_attn_triton", {}),
-    "fa_ladder_cuda": ("flash_attention_cuda:flash_attn_cuda", {"kernel": "auto"}),
+    "fa_ladder_torch": (_torch_split, {}),
+    "fa_ladder_triton": (_triton, {}),
+    "fa_ladder_cuda": (_cuda, {"kernel": "auto"}),
 }
 
 
 def _load(name: str):
-    import importlib
-
-    target, fixed = HF_BACKENDS[name]
-    module, fn = target.split(":")
-    return getattr(importlib.import_module(module), fn), fixed
+    load, fixed = HF_BACKENDS[name]
+    return load(), fixed
 
 
 def _expand_kv(x, groups: int):
@@ -64,7 +80,7 @@ def attention_function(name: str):
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if import_error is not None:
-            raise ImportError(f"{fn_name}: {HF_BACKENDS[name][0]} does not import here: {import_error}")
+            raise ImportError(f"{fn_name}: the {name!r} backend does not import here: {import_error}")
         if attention_mask is not None:
             kind = "a padding mask" if attention_mask.dim() == 2 else f"a {attention_mask.dim()}-D attention mask"
             raise ValueError(
@@ -90,7 +106,7 @@ def attention_function(name: str):
         is_causal = kwargs.get("is_causal")
         if is_causal is None:
             is_causal = getattr(module, "is_causal", True)
-        # bottom-right causal alignment (query i sees key j iff j <= i + Nk - Nq): what a KV cache needs
+        # causal is bottom-right aligned (flash_attention_py.masks): what a KV cache needs
         out = backend(query, key, value, causal=bool(is_causal), softmax_scale=scaling, **fixed)
         return out.transpose(1, 2).contiguous(), None
 

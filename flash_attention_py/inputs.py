@@ -11,11 +11,12 @@ _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch", device="cpu",
-                seed=None, with_grad=False, layout="bhnd"):
-    """Random normal q (B, H, Nq, D), k and v (B, H, Nk, D), and dO (B, H, Nq, D).
+                seed=None, with_grad=False, layout="bhnd", Hk=None):
+    """Random normal q (B, H, Nq, D), k and v (B, Hk, Nk, D), and dO (B, H, Nq, D).
 
     Arguments
         Nk: defaults to Nq.
+        Hk: the K/V heads, defaults to H; grouped-query attention (GQA/MQA) takes H % Hk == 0.
         B, H, Nq, Nk, D: positive ints (anything else raises a ValueError/TypeError naming it).
         dtype: 'float16', 'bfloat16', 'float32' or 'float64' (bfloat16 only for torch).
         kind: 'numpy' or 'torch'.
@@ -30,11 +31,14 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
     """
     fn = "make_inputs"
     Nk = Nq if Nk is None else Nk
-    for name, val in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk), ("D", D)):
+    Hk = H if Hk is None else Hk
+    for name, val in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk), ("D", D), ("Hk", Hk)):
         if isinstance(val, bool) or not isinstance(val, numbers.Integral):
             raise TypeError(f"{fn}: {name} must be an int, got {type(val).__name__} {val!r}")
         if val < 1:
             raise ValueError(f"{fn}: {name} must be >= 1, got {val}")
+    if H % Hk:
+        raise ValueError(f"{fn}: H must be a multiple of Hk (grouped-query heads), got H = {H}, Hk = {Hk}")
     if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise ValueError(f"{fn}: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     if not isinstance(with_grad, bool):
@@ -45,12 +49,12 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
         raise ValueError(f"make_inputs: kind must be 'numpy' or 'torch', got {kind!r}")
     rng = np.random.default_rng(seed)
 
-    def draw(N):
-        shape = (B, N, H, D) if layout == "bnhd" else (B, H, N, D)
+    def draw(N, heads=H):
+        shape = (B, N, heads, D) if layout == "bnhd" else (B, heads, N, D)
         x = rng.standard_normal(shape)
         return np.swapaxes(x, 1, 2) if layout == "bnhd" else x
 
-    arrays = {"q": draw(Nq), "k": draw(Nk), "v": draw(Nk), "do": draw(Nq)}
+    arrays = {"q": draw(Nq), "k": draw(Nk, Hk), "v": draw(Nk, Hk), "do": draw(Nq)}
     if kind == "numpy":
         if dtype == "bfloat16":
             raise TypeError("make_inputs: NumPy has no bfloat16; use kind='torch'")

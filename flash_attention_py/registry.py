@@ -1,8 +1,14 @@
 """The one backend registry. The test harness and the benchmark read it; adding a backend is one entry.
 
-Each :class:`Backend` says what to call, which array type it takes, on which devices it runs,
-which dtypes it claims there, whether it has a backward, which head dims it takes, and how to
-tell whether it can run here (``unavailable_reason`` returns why not, or None).
+Each :class:`Backend` names a backend, says which array type it takes and binds its forward (and, for
+NumPy, its separate backward) by a real import, done lazily so that importing the registry imports no
+torch, triton or cupy. What a backend takes (devices, dtypes, head dims, backward, variants) and whether
+it can run here are NOT written here: they are its package's capability table, read through
+``Backend.capability``:
+
+    flash_attention_py/capabilities.py       naive-torch, numpy-v1, numpy-v2, torch-split
+    flash_attention_triton/capabilities.py   triton
+    flash_attention_cuda/capabilities.py     cuda-naive, cuda-tiled, cuda-mma, cuda-wgmma
 
     >>> from flash_attention_py.registry import BACKENDS, get_backend
     >>> [b.name for b in BACKENDS]                       # doctest: +SKIP
@@ -11,209 +17,177 @@ tell whether it can run here (``unavailable_reason`` returns why not, or None).
 """
 from __future__ import annotations
 
-import importlib
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-__all__ = ["Backend", "BACKENDS", "get_backend", "backend_names", "cuda_unavailable_reason"]
+from flash_attention_cuda.capabilities import CAPABILITIES as _CUDA_CAPABILITIES
+from flash_attention_py.capabilities import CAPABILITIES as _PY_CAPABILITIES
+from flash_attention_py.capabilities import Capability
+from flash_attention_triton.capabilities import CAPABILITIES as _TRITON_CAPABILITIES
+
+__all__ = ["Backend", "BACKENDS", "CAPABILITIES", "get_backend", "backend_names"]
+
+# every backend's capability, by registry name (one table per package, merged here)
+CAPABILITIES = {**_PY_CAPABILITIES, **_TRITON_CAPABILITIES, **_CUDA_CAPABILITIES}
+
+
+class _FromCapability:
+    """A read-only Backend attribute that is its capability's attribute of the same name."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, backend, owner=None):
+        return self if backend is None else getattr(backend.capability, self.name)
 
 
 @dataclass(frozen=True)
 class Backend:
+    """One registry entry.
+
+    name: the registry name (also the key of its capability table).
+    rung: 'anchor', 'numpy', 'torch', 'triton' or 'cuda'.
+    array: 'numpy' or 'torch', the array type its functions take and return.
+    load_forward: () -> the public forward function ``f(q, k, v, *, causal, softmax_scale, return_lse, ...)``
+        (imports its module when called).
+    kwargs: fixed keyword arguments of this entry (loop_order=..., kernel=..., block sizes).
+    load_backward: NumPy only, () -> the separate backward function; torch backends use autograd.
+
+    What it takes (dtypes, devices, backward, head_dims, max_head_dim, tf32_on, slow_on_cpu, variants,
+    supports_head_dim(D), unavailable_reason(device)) is read from ``capability``, its package's table entry.
+    """
+
     name: str
-    rung: str  # 'numpy', 'torch', 'triton', 'cuda', 'anchor'
+    rung: str
     description: str
-    target: str  # "module:function" of the forward
-    array: str  # 'numpy' or 'torch'
-    dtypes: dict  # device ('cpu'/'cuda') -> tuple of dtype names it claims there
-    backward: bool
-    kwargs: dict = field(default_factory=dict)  # fixed keyword arguments (loop_order=..., kernel=...)
-    backward_target: Optional[str] = None  # NumPy: separate backward function; torch: autograd
-    head_dims: Optional[tuple] = None  # the only D it takes, or None for any D up to max_head_dim
-    max_head_dim: Optional[int] = None
-    tf32_on: tuple = ()  # devices where its float32 matmuls run in tf32
-    slow_on_cpu: bool = False  # e.g. the Triton interpreter: the harness gives it the short case list
-    probe: Optional[Callable[[str], Optional[str]]] = None  # device -> reason it cannot run, or None
+    array: str
+    load_forward: Callable[[], Callable]
+    kwargs: dict = field(default_factory=dict)
+    load_backward: Optional[Callable[[], Callable]] = None
 
-    # ---------------------------------------------------------------- what it supports
+    # ---------------------------------------------------------------- what it supports: its capability
     @property
-    def devices(self) -> tuple:
-        return tuple(self.dtypes)
+    def capability(self) -> Capability:
+        return CAPABILITIES[self.name]
 
-    def supports_head_dim(self, D: int) -> bool:
-        if self.head_dims is not None and D not in self.head_dims:
-            return False
-        return self.max_head_dim is None or D <= self.max_head_dim
-
-    def unavailable_reason(self, device: str = "cpu") -> Optional[str]:
-        """None if the backend can run on ``device`` here, else a sentence saying why not."""
-        dev = device.split(":")[0]
-        if dev not in self.dtypes:
-            return f"{self.name} does not run on {dev} (it runs on {', '.join(self.devices)})"
-        if self.probe is not None:
-            return self.probe(dev)
-        return None
+    dtypes = _FromCapability()  # device ('cpu' / 'cuda') -> the dtype names it claims there
+    devices = _FromCapability()
+    backward = _FromCapability()  # it has a backward (autograd, or NumPy's separate function)
+    head_dims = _FromCapability()
+    max_head_dim = _FromCapability()
+    tf32_on = _FromCapability()
+    slow_on_cpu = _FromCapability()
+    variants = _FromCapability()
+    supports_head_dim = _FromCapability()  # (D) -> bool
+    unavailable_reason = _FromCapability()  # (device='cpu') -> None if it can run there here, else why not
 
     # ---------------------------------------------------------------- calling it
     def load(self) -> Callable:
-        module, fn = self.target.split(":")
-        return getattr(importlib.import_module(module), fn)
+        """The public forward function (importing its module)."""
+        return self.load_forward()
 
     def forward(self, q, k, v, *, causal=False, softmax_scale=None, return_lse=False, **extra):
-        return self.load()(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-                           **{**self.kwargs, **extra})
+        return self.load_forward()(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                   **{**self.kwargs, **extra})
 
-    def numpy_backward(self, q, k, v, o, lse, do, *, causal=False, softmax_scale=None):
-        """NumPy backends: their separate backward function, with the entry's block sizes -> (dq, dk, dv)."""
-        module, fn = self.backward_target.split(":")
-        bwd = getattr(importlib.import_module(module), fn)
+    def numpy_backward(self, q, k, v, o, lse, do, *, causal=False, softmax_scale=None, **variant):
+        """NumPy backends: their separate backward function, with the entry's block sizes -> (dq, dk, dv).
+        ``variant``: the forward call's window_size, dropout_p, dropout_seed (the mask is drawn again)."""
         block = {key: val for key, val in self.kwargs.items() if key in ("block_m", "block_n")}
-        return bwd(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, **block)
+        return self.load_backward()(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale,
+                                    **block, **variant)
 
-    def forward_backward(self, q, k, v, do, *, causal=False, softmax_scale=None):
-        """Run forward then backward with upstream gradient ``do``: returns (o, lse, dq, dk, dv)."""
+    def forward_backward(self, q, k, v, do, *, causal=False, softmax_scale=None, **variant):
+        """Run forward then backward with upstream gradient ``do``: returns (o, lse, dq, dk, dv).
+        ``variant``: window_size, dropout_p, dropout_seed, passed to the forward and to the backward."""
         if not self.backward:
             raise NotImplementedError(f"{self.name} has no backward")
+        kw = dict(causal=causal, softmax_scale=softmax_scale, **variant)
         if self.array == "numpy":
-            o, lse = self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
-            dq, dk, dv = self.numpy_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale)
+            o, lse = self.forward(q, k, v, return_lse=True, **kw)
+            dq, dk, dv = self.numpy_backward(q, k, v, o, lse, do, **kw)
             return o, lse, dq, dk, dv
         q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
-        o, lse = self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+        o, lse = self.forward(q, k, v, return_lse=True, **kw)
         o.backward(do)
         return o.detach(), lse, q.grad, k.grad, v.grad
 
 
-# -------------------------------------------------------------------- probes
-def _torch_cuda_reason() -> Optional[str]:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU (torch.cuda.is_available() is False)"
-    return None
+# -------------------------------------------------------------------- the functions, imported when first called
+def _attention_naive():
+    from flash_attention_py.reference import attention_naive
+
+    return attention_naive
 
 
-def _torch_probe(device: str) -> Optional[str]:
-    return _torch_cuda_reason() if device == "cuda" else None
+def _flash_attn_numpy():
+    from flash_attention_py.numpy_flash import flash_attn_numpy
+
+    return flash_attn_numpy
 
 
-def _triton_probe(device: str) -> Optional[str]:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if device == "cuda":
-        return _torch_cuda_reason()
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton runs on the CPU only under its interpreter: set TRITON_INTERPRET=1 before importing it"
-    return None
+def _flash_attn_numpy_backward():
+    from flash_attention_py.numpy_flash import flash_attn_numpy_backward
+
+    return flash_attn_numpy_backward
 
 
-def cuda_unavailable_reason() -> Optional[str]:
-    """Why the CuPy/CUDA backend cannot launch here, or None."""
-    try:
-        import cupy
-    except ImportError:
-        return "cupy is not installed"
-    try:
-        if not cupy.cuda.is_available():
-            return "no CUDA GPU: cupy.cuda.is_available() is False (CuPy imports but cannot launch)"
-    except Exception as exc:  # a broken driver install raises here
-        return f"CuPy cannot reach a GPU: {exc}"
-    return _torch_cuda_reason()
+def _flash_attn_torch():
+    from flash_attention_py.torch_split import flash_attn_torch
+
+    return flash_attn_torch
 
 
-def _cuda_probe(device: str) -> Optional[str]:
-    return cuda_unavailable_reason()
+def _flash_attn_triton():
+    from flash_attention_triton import flash_attn_triton
+
+    return flash_attn_triton
 
 
-def _cuda_tiled_probe(device: str) -> Optional[str]:
-    # a student release (notebooks/labs/release.py) ships lab 3's template as tiled.cu: its bodies are the lab
-    tiled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flash_attention_cuda", "kernels", "tiled.cu")
-    if os.path.isfile(tiled):
-        with open(tiled) as f:
-            if "is not written yet" in f.read():
-                return "student release: tiled.cu is lab 3's template"
-    return cuda_unavailable_reason()
+def _flash_attn_cuda():
+    from flash_attention_cuda import flash_attn_cuda
 
+    return flash_attn_cuda
 
-def _cuda_hopper_probe(device: str) -> Optional[str]:
-    reason = cuda_unavailable_reason()
-    if reason is None:
-        import torch
-
-        cc = torch.cuda.get_device_capability()
-        if cc != (9, 0):
-            reason = f"needs a Hopper GPU (compute capability 9.0, sm_90a); this one has {cc[0]}.{cc[1]}"
-    return reason
-
-
-_NP = ("float16", "float32", "float64")
-_TORCH = ("float16", "bfloat16", "float32", "float64")
 
 BACKENDS = (
     Backend(
-        name="naive-torch", rung="anchor",
+        name="naive-torch", rung="anchor", array="torch", load_forward=_attention_naive,
         description="standard attention: materialise S = QK^T and softmax(S) in the input dtype",
-        target="flash_attention_py.reference:attention_naive", array="torch",
-        dtypes={"cpu": _TORCH, "cuda": _TORCH}, backward=True, probe=_torch_probe,
     ),
     Backend(
-        name="numpy-v1", rung="numpy",
+        name="numpy-v1", rung="numpy", array="numpy", load_forward=_flash_attn_numpy,
+        load_backward=_flash_attn_numpy_backward, kwargs={"loop_order": "v1", "block_m": 32, "block_n": 32},
         description="NumPy, FlashAttention-1 loop order (outer K/V, inner Q; O, l, m in HBM)",
-        target="flash_attention_py.numpy_flash:flash_attn_numpy", array="numpy",
-        kwargs={"loop_order": "v1", "block_m": 32, "block_n": 32},
-        backward_target="flash_attention_py.numpy_flash:flash_attn_numpy_backward",
-        dtypes={"cpu": _NP}, backward=True,
     ),
     Backend(
-        name="numpy-v2", rung="numpy",
+        name="numpy-v2", rung="numpy", array="numpy", load_forward=_flash_attn_numpy,
+        load_backward=_flash_attn_numpy_backward, kwargs={"loop_order": "v2", "block_m": 64, "block_n": 32},
         description="NumPy, FlashAttention-2 loop order (outer Q, inner K/V; causal block skipping)",
-        target="flash_attention_py.numpy_flash:flash_attn_numpy", array="numpy",
-        kwargs={"loop_order": "v2", "block_m": 64, "block_n": 32},
-        backward_target="flash_attention_py.numpy_flash:flash_attn_numpy_backward",
-        dtypes={"cpu": _NP}, backward=True,
     ),
     Backend(
-        name="torch-split", rung="torch",
+        name="torch-split", rung="torch", array="torch", load_forward=_flash_attn_torch, kwargs={"block_size": 32},
         description="PyTorch, torch.split blocks with in-place rescaling (tiny-flash-attention's v1 loop)",
-        target="flash_attention_py.torch_split:flash_attn_torch", array="torch",
-        kwargs={"block_size": 32},
-        dtypes={"cpu": _TORCH, "cuda": _TORCH}, backward=True, probe=_torch_probe,
     ),
     Backend(
-        name="triton", rung="triton",
+        name="triton", rung="triton", array="torch", load_forward=_flash_attn_triton,
         description="Triton kernel, FlashAttention-2 order (GPU, or CPU through TRITON_INTERPRET=1)",
-        target="flash_attention_triton:flash_attn_triton", array="torch",
-        dtypes={"cpu": ("float32", "float16"), "cuda": ("float16", "bfloat16", "float32")},
-        backward=True, max_head_dim=256, tf32_on=(), slow_on_cpu=True, probe=_triton_probe,
     ),
     Backend(
-        name="cuda-naive", rung="cuda",
+        name="cuda-naive", rung="cuda", array="torch", load_forward=_flash_attn_cuda, kwargs={"kernel": "naive"},
         description="CUDA through CuPy: one thread per query row, K/V tiles in shared memory (fp32)",
-        target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "naive"},
-        dtypes={"cuda": ("float32",)}, backward=True, max_head_dim=128, probe=_cuda_probe,
     ),
     Backend(
-        name="cuda-tiled", rung="cuda",
+        name="cuda-tiled", rung="cuda", array="torch", load_forward=_flash_attn_cuda, kwargs={"kernel": "tiled"},
         description="CUDA through CuPy: block-cooperative tiles, warp-shuffle softmax (fp32)",
-        target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "tiled"},
-        dtypes={"cuda": ("float32",)}, backward=True, max_head_dim=128, probe=_cuda_tiled_probe,
     ),
     Backend(
-        name="cuda-mma", rung="cuda",
+        name="cuda-mma", rung="cuda", array="torch", load_forward=_flash_attn_cuda, kwargs={"kernel": "mma"},
         description="CUDA through CuPy: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async)",
-        target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "mma"},
-        dtypes={"cuda": ("float16", "bfloat16")}, backward=True, head_dims=(64, 128), probe=_cuda_probe,
     ),
     Backend(
-        name="cuda-wgmma", rung="cuda",
+        name="cuda-wgmma", rung="cuda", array="torch", load_forward=_flash_attn_cuda, kwargs={"kernel": "wgmma"},
         description="CUDA through CuPy: Hopper tensor cores (wgmma.mma_async, sm_90a)",
-        target="flash_attention_cuda:flash_attn_cuda", array="torch", kwargs={"kernel": "wgmma"},
-        dtypes={"cuda": ("float16", "bfloat16")}, backward=True, head_dims=(64, 128), probe=_cuda_hopper_probe,
     ),
 )
 
@@ -226,4 +200,4 @@ def get_backend(name: str) -> Backend:
     for b in BACKENDS:
         if b.name == name:
             return b
-    raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(backend_names())}")
+    raise ValueError(f"get_backend: name {name!r} is an unknown backend; expected one of {', '.join(backend_names())}")

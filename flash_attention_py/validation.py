@@ -80,12 +80,13 @@ def _kinds_text(kinds) -> str:
     return " or ".join(names[k] for k in kinds)
 
 
-def check_qkv(q, k, v, *, fn: str, kinds=("numpy", "torch"), dtypes=None) -> AttentionDims:
+def check_qkv(q, k, v, *, fn: str, kinds=("numpy", "torch"), dtypes=None, gqa: bool = False) -> AttentionDims:
     """Check q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, D) and return the sizes.
 
     ``fn`` names the public function in messages; ``kinds`` are the accepted
     array types; ``dtypes`` (names such as 'float16') the accepted dtypes,
-    or None for any floating dtype.
+    or None for any floating dtype. ``gqa=True``: k and v may have Hk heads with H % Hk == 0
+    (grouped-query attention; ``gqa_group`` gives H // Hk); the returned H is q's.
     """
     arrays = {"q": q, "k": k, "v": v}
     for name, x in arrays.items():
@@ -114,7 +115,10 @@ def check_qkv(q, k, v, *, fn: str, kinds=("numpy", "torch"), dtypes=None) -> Att
     Bk, Hk, Nk, Dk = (int(s) for s in k.shape)
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"{fn}: v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
-    for label, a, b in (("B (batch)", B, Bk), ("H (heads)", H, Hk), ("D (head dim)", D, Dk)):
+    if gqa and Hk >= 1 and H % Hk != 0:
+        raise ValueError(f"{fn}: grouped-query attention needs q's heads to be a multiple of k's: q has H = {H} "
+                         f"(shape {tuple(q.shape)}), k has Hk = {Hk} (shape {tuple(k.shape)}); expected H % Hk == 0")
+    for label, a, b in (("B (batch)", B, Bk), ("H (heads)", H, H if gqa and Hk >= 1 else Hk), ("D (head dim)", D, Dk)):
         if a != b:
             raise ValueError(
                 f"{fn}: q and k must agree in {label}: q has shape {tuple(q.shape)}, "
@@ -301,3 +305,62 @@ def check_flag(value, name: str, *, fn: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{fn}: {name} must be True or False, got {type(value).__name__} {value!r}")
     return value
+
+
+def gqa_group(q, k) -> int:
+    """Query heads per K/V head (1 without grouped-query attention): query head h reads K/V head h // group."""
+    return int(q.shape[1]) // int(k.shape[1])
+
+
+def check_window(window_size, *, fn: str) -> tuple:
+    """``window_size=(left, right)``: two ints >= -1 (-1: unbounded on that side) -> (left, right)."""
+    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__"):
+        raise TypeError(f"{fn}: window_size must be a tuple (left, right) of two ints >= -1, "
+                        f"got {type(window_size).__name__} {window_size!r}")
+    if len(window_size) != 2:
+        raise ValueError(f"{fn}: window_size must have 2 entries (left, right), got {len(window_size)}: {window_size!r}")
+    out = []
+    for side, x in zip(("left", "right"), window_size):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise TypeError(f"{fn}: window_size {side} must be an int >= -1, got {type(x).__name__} {x!r}")
+        if x < -1:
+            raise ValueError(f"{fn}: window_size {side} must be >= -1 (-1 = unbounded), got {int(x)}")
+        out.append(int(x))
+    return tuple(out)
+
+
+def resolve_window(causal, window_size, *, fn: str) -> tuple:
+    """The (left, right) window of a call: ``window_size`` checked, and ``causal=True`` bounds the right at 0."""
+    from . import masks
+
+    check_flag(causal, "causal", fn=fn)
+    return masks.window_for(bool(causal), check_window(window_size, fn=fn))
+
+
+def check_dropout(dropout_p, dropout_seed, *, fn: str) -> tuple:
+    """(p, seed): ``dropout_p`` a real in [0, 1) (0 = no dropout), ``dropout_seed`` an int in [0, 2**64),
+    required when p > 0 (the keep mask is a function of the seed; see ``philox``). seed is None when p == 0."""
+    from . import philox
+
+    p = float(philox.check_dropout_p(dropout_p, fn=fn))
+    if p == 0.0:
+        if dropout_seed is not None:
+            philox.check_seed(dropout_seed, fn=fn, name="dropout_seed")
+        return 0.0, None
+    if dropout_seed is None:
+        raise ValueError(f"{fn}: dropout_p = {dropout_p!r} needs a dropout_seed (an int in [0, 2**64)): the keep "
+                         f"mask is drawn from it, and the backward draws the same mask again from it")
+    philox.check_seed(dropout_seed, fn=fn, name="dropout_seed")
+    return p, int(dropout_seed)
+
+
+def resolve_dropout(dropout_p, dropout_seed, *, fn: str):
+    """The dropout of a call: None without dropout (p == 0), else (p, seed) with p the float32 value of
+    ``dropout_p`` (as a Python float) and seed an int; bad values raise ``check_dropout``'s errors.
+
+    The default (a plain 0.0 or 0 and no seed) needs no check and returns None at once, without the NumPy
+    rounding of p to float32 that ``torch.compile`` could not trace without a graph break."""
+    if dropout_seed is None and type(dropout_p) in (float, int) and dropout_p == 0:
+        return None
+    p, seed = check_dropout(dropout_p, dropout_seed, fn=fn)
+    return (p, seed) if p > 0 else None

@@ -7,7 +7,7 @@
    accumulates dQ_i on chip (no atomics).
 
 Both main kernels recompute P_ij = exp(S_ij * scale - lse_i) = exp2(S_ij * scale * log2(e) - lse_i * log2(e))
-from the forward's lse, so the (Nq, Nk) matrix P is never stored:
+from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) matrix P is never stored:
 
     dV_j += P_ij^T dO_i
     dP_ij = dO_i V_j^T
@@ -15,13 +15,28 @@ from the forward's lse, so the (Nq, Nk) matrix P is never stored:
     dQ_i += scale * dS_ij K_j
     dK_j += scale * dS_ij^T Q_i
 
-The same masking rules as the forward: blocks that no query/key pair of the block can see are
-skipped, blocks on the causal diagonal and ragged tail blocks are masked, the rest run unmasked.
+The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
+``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
+elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited.
+BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
+gradients' factor softmax_scale is scale_log2 * ln(2).
+
+Grouped-query attention (K, V with Hk = H // group heads; query head h reads K/V head h // group): the dQ
+kernel reads K/V head h // group; the dK/dV kernel runs per (K/V block, batch, K/V head) and loops over
+the group's query heads inside, summing their contributions in registers (no atomics, no copy of K/V).
+
+Dropout (DROPOUT constexpr): the keep mask Z is drawn again from the seed, exactly as the forward drew it
+(tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p), never stored:
+
+    dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
+    dP_ij = (dO_i V_j^T) * Z_ij / (1 - p)
+    dS_ij = P_ij * (dP_ij - Delta_i)            (Delta_i = rowsum(dO_i * O_i) as before)
 """
 import triton
 import triton.language as tl
 
-from .forward_kernel import load_tile
+from .masks import kv_blocks, q_blocks, visible
+from .tiles import _LN2, _LOG2E, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
 @triton.jit(do_not_specialize=["H", "Nq"])
@@ -32,27 +47,46 @@ def attn_bwd_preprocess(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Delta (B, H, Nq) float32 contiguous = rowsum(dO * O); O contiguous. Grid: (cdiv(Nq, BLOCK_M), B * H)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m, pid_bh, off_b, off_h = program_rows(H, BLOCK_M, False)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(O + pid_bh.to(tl.int64) * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
                   offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
-                   + offs_d[None, :] * stride_dod, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = load_rows(DO, off_b, off_h, stride_dob, stride_doh, stride_don, stride_dod, offs_m, Nq, offs_d,
+                   HEAD_DIM, BLOCK_D)
     # Delta_i = rowsum(dO_i * O_i)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
 
 
 @triton.jit
+def lse_base2(lse):
+    """lse2_i = lse_i * log2(e), for P_ij = exp2(S2_ij - lse2_i).
+
+    A row that saw no key (lse = -inf) gets 0: it meets only masked entries, or scores of -inf. A row
+    with a +inf score (lse = +inf) gets NaN, so its P is NaN everywhere, as in the reference.
+    """
+    lse2 = tl.where(lse == float("-inf"), 0.0, lse * _LOG2E)
+    return tl.where(lse == float("inf"), float("nan"), lse2)
+
+
+@triton.jit
+def keep_scaled(x, keep, dropout_p):
+    """x * Z / (1 - p): the kept entries of x scaled by 1 / (1 - dropout_p), the dropped ones 0."""
+    return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+
+
+@triton.jit
 def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                offs_n, offs_m0, offs_d, Nq, causal_off, qk_scale, lo, hi,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, lo, hi, drop_row0, dropout_p, dropout_seed,
+                MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Fold the Q blocks [lo, hi) into (dk, dv) of one K/V block (its key rows offs_n)."""
+    """Fold the Q blocks [lo, hi) into (dk, dv) of one K/V block (its key rows offs_n).
+
+    MASKED: partial blocks (``masks.visible``, bounds included); else whole Q blocks inside [0, Nq) whose
+    every query sees every key of this block. DROPOUT: drop_row0 = (b*H + h)*Nq (int64), the dropout
+    offsets' row base of this query head.
+    """
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m0
         # load Q_i (Br, D), dO_i (Br, D), lse_i and Delta_i (Br)
@@ -64,194 +98,168 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
         else:
             lse = tl.load(LSE_ptr + rows)
             delta = tl.load(DELTA_ptr + rows)
-        # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries below;
-        # a row with a +inf score (lse = +inf) has P = NaN everywhere, as in the reference
-        lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-        lse2 = tl.where(lse == float("inf"), float("nan"), lse2)
-        # S_ij^T = K_j Q_i^T  (Bc, Br)
-        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
-        # P_ij^T = exp2(S_ij^T * scale * log2(e) - lse2_i)   (the forward's probabilities, recomputed)
-        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        # S_ij^T = K_j Q_i^T  (Bc, Br), in base 2 with the signed scale folded in
+        S_ijT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * scale_log2
+        # P_ij^T = exp2(S_ij^T - lse2_i)   (the forward's probabilities, recomputed)
+        P_ijT = tl.math.exp2(S_ijT - lse_base2(lse)[None, :])
         if MASKED:
-            visible = rows[None, :] < Nq
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= rows[None, :] + causal_off)
-            pT = tl.where(visible, pT, 0.0)
-        # dV_j += P_ij^T dO_i
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
+            seen = visible(rows[None, :], offs_n[:, None], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT)
+            P_ijT = tl.where(seen, P_ijT, 0.0)
         # dP_ij^T = V_j dO_i^T
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        dP_ijT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        if DROPOUT:  # Z_ij^T, drawn again: the forward's offsets ((b*H + h)*Nq + i)*Nk + j, transposed
+            keep = tl.rand(dropout_seed, (drop_row0 + rows[None, :]) * Nk + offs_n[:, None]) >= dropout_p
+            # dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
+            dv = tl.dot(keep_scaled(P_ijT, keep, dropout_p).to(do.dtype), do, dv, input_precision=DOT_PREC)
+            # dP_ij^T (of the dropped weights) = (V_j dO_i^T) * Z_ij^T / (1 - p)
+            dP_ijT = keep_scaled(dP_ijT, keep, dropout_p)
+        else:
+            # dV_j += P_ij^T dO_i
+            dv = tl.dot(P_ijT.to(do.dtype), do, dv, input_precision=DOT_PREC)
         # dS_ij^T = P_ij^T * (dP_ij^T - Delta_i)
-        dsT = pT * (dpT - delta[None, :])
+        dS_ijT = P_ijT * (dP_ijT - delta[None, :])
         if MASKED:
-            dsT = tl.where(visible, dsT, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
-        # dK_j += dS_ij^T Q_i   (times scale once, at the end)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+            dS_ijT = tl.where(seen, dS_ijT, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
+        # dK_j += dS_ij^T Q_i   (times softmax_scale once, at the end)
+        dk = tl.dot(dS_ijT.to(q.dtype), q, dk, input_precision=DOT_PREC)
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["H", "Nq", "Nk"])
+@triton.jit(do_not_specialize=["H", "Nq", "Nk", "dropout_seed"])
 def attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    H, Nq, Nk, softmax_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
+    H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
+    HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, head) per program.
+    """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, K/V head) per program.
 
-    LSE and DELTA are (B, H, Nq) float32 contiguous; DK and DV (B, H, Nk, HEAD_DIM) contiguous.
-    Grid: (cdiv(Nk, BLOCK_N), B * H).
+    Q, DO (B, H, Nq, HEAD_DIM); K, V (B, Hk, Nk, HEAD_DIM) with Hk = H // group: the program sums the
+    contributions of the group's query heads hk * group ... hk * group + group - 1 in registers.
+    LSE and DELTA are (B, H, Nq) float32 contiguous; DK and DV (B, Hk, Nk, HEAD_DIM) contiguous.
+    Grid: (cdiv(Nk, BLOCK_N), B * Hk).
     """
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
-    start_n = pid_n * BLOCK_N
+    Hk = H // group
+    start_n, pid_bhk, off_b, off_hk = program_rows(Hk, BLOCK_N, False)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
     # load K_j, V_j (Bc, D) once
-    k = load_tile(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn
-                  + offs_d[None, :] * stride_kd, offs_n, Nk, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = load_tile(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn
-                  + offs_d[None, :] * stride_vd, offs_n, Nk, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = load_rows(K, off_b, off_hk, stride_kb, stride_kh, stride_kn, stride_kd, offs_n, Nk, offs_d, HEAD_DIM, BLOCK_D)
+    v = load_rows(V, off_b, off_hk, stride_vb, stride_vh, stride_vn, stride_vd, offs_n, Nk, offs_d, HEAD_DIM, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    Q_ptr = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
-    DO_ptr = DO + off_b * stride_dob + off_h * stride_doh + offs_d[None, :] * stride_dod
-    LSE_ptr = LSE + pid_bh.to(tl.int64) * Nq
-    DELTA_ptr = DELTA + pid_bh.to(tl.int64) * Nq
+    # the Q blocks that see this K/V block: [start, full_start) partial, [full_start, full_end) full,
+    # [full_end, end) partial (the first stage is empty unless the window bounds the right side)
+    start, full_start, full_end, end = q_blocks(start_n, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
+    for g in range(0, group):  # the query heads that read this K/V head (one without GQA)
+        off_h = off_hk * group + g
+        pid_bh = off_b * H + off_h  # int64
+        Q_ptr = head_ptrs(Q, off_b, off_h, stride_qb, stride_qh, stride_qd, offs_d)
+        DO_ptr = head_ptrs(DO, off_b, off_h, stride_dob, stride_doh, stride_dod, offs_d)
+        LSE_ptr = LSE + pid_bh * Nq
+        DELTA_ptr = DELTA + pid_bh * Nq
+        drop_row0 = pid_bh * Nq  # dropout offsets: ((b*H + h)*Nq + i)*Nk + j
+        if WINDOW_RIGHT >= 0:
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
+                                 drop_row0, dropout_p, dropout_seed,
+                                 True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
+                             drop_row0, dropout_p, dropout_seed,
+                             False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
+                             drop_row0, dropout_p, dropout_seed,
+                             True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+    # dK_j = softmax_scale * sum_h sum_i dS_ij^T Q_i  (summed over the group's query heads)
+    dk = dk * (scale_log2 * _LN2)
 
-    causal_off = Nk - Nq  # query i sees key j iff j <= i + causal_off
-    n_even = (Nq // BLOCK_M) * BLOCK_M  # queries in whole blocks
-    n_round = tl.cdiv(Nq, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        # queries before start_n - causal_off see no key of this block: start at that query's block
-        lo = (tl.maximum(start_n - causal_off, 0) // BLOCK_M) * BLOCK_M
-        # queries from start_n + BLOCK_N - 1 - causal_off on see every key of this block
-        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_off, 0), BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        mid = 0
-    # masked stage: the blocks on the causal diagonal
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                         offs_n, offs_m0, offs_d, Nq, causal_off, qk_scale, lo, tl.minimum(mid, n_round),
-                         True, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-    # unmasked stage: whole Q blocks that see every key of this block
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                         offs_n, offs_m0, offs_d, Nq, causal_off, qk_scale, mid, n_even,
-                         False, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-    # masked stage: the ragged last Q block (Nq % Br != 0)
-    dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                         offs_n, offs_m0, offs_d, Nq, causal_off, qk_scale, tl.maximum(mid, n_even), Nq,
-                         True, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-    # dK_j = scale * sum_i dS_ij^T Q_i
-    dk = dk * softmax_scale
-
-    row_ok = offs_n[:, None] < Nk
-    if HEAD_DIM != BLOCK_D:
-        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
-    out_off = pid_bh.to(tl.int64) * Nk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=row_ok)
-    tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=row_ok)
+    store_rows(DK, pid_bhk, offs_n, Nk, offs_d, dk, HEAD_DIM, BLOCK_D)
+    store_rows(DV, pid_bhk, offs_n, Nk, offs_d, dv, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-              Nk, causal_off, qk_scale, lo, hi,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              Nq, Nk, scale_log2, lo, hi, drop_rows, dropout_p, dropout_seed,
+              MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Fold the K/V blocks [lo, hi) into dq of one Q block (its query rows offs_m)."""
+    """Fold the K/V blocks [lo, hi) into dq of one Q block (its query rows offs_m); MASKED as in the forward."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n0
         # load K_j, V_j (Bc, D)
         k = load_tile(K_ptr + cols[:, None] * stride_kn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         v = load_tile(V_ptr + cols[:, None] * stride_vn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        # S_ij = Q_i K_j^T ;  P_ij = exp2(S_ij * scale * log2(e) - lse2_i)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        # S_ij = Q_i K_j^T in base 2 with the scale folded in;  P_ij = exp2(S_ij - lse2_i)
+        S_ij = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2
+        P_ij = tl.math.exp2(S_ij - lse2[:, None])
         if MASKED:
-            visible = cols[None, :] < Nk
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_off)
-            p = tl.where(visible, p, 0.0)
+            seen = visible(offs_m[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT)
+            P_ij = tl.where(seen, P_ij, 0.0)
         # dP_ij = dO_i V_j^T
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        dP_ij = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        if DROPOUT:  # of the dropped weights: dP_ij * Z_ij / (1 - p), Z_ij drawn again from the seed
+            keep = tl.rand(dropout_seed, drop_rows[:, None] * Nk + cols[None, :]) >= dropout_p
+            dP_ij = keep_scaled(dP_ij, keep, dropout_p)
         # dS_ij = P_ij * (dP_ij - Delta_i)
-        ds = p * (dp - delta[:, None])
+        dS_ij = P_ij * (dP_ij - delta[:, None])
         if MASKED:
-            ds = tl.where(visible, ds, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
-        # dQ_i += dS_ij K_j   (times scale once, at the end)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+            dS_ij = tl.where(seen, dS_ij, 0.0)  # 0 * NaN is NaN: a hidden pair gets no gradient from a NaN row
+        # dQ_i += dS_ij K_j   (times softmax_scale once, at the end)
+        dq = tl.dot(dS_ij.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
 
 
-@triton.jit(do_not_specialize=["H", "Nq", "Nk"])
+@triton.jit(do_not_specialize=["H", "Nq", "Nk", "dropout_seed"])
 def attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    H, Nq, Nk, softmax_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
+    H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
+    HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """dQ_i for one Q block (Br = BLOCK_M queries) of one (batch, head) per program.
 
+    K, V (B, H // group, Nk, HEAD_DIM): query head h reads K/V head h // group.
     DQ (B, H, Nq, HEAD_DIM) contiguous. Grid: (cdiv(Nq, BLOCK_M), B * H).
     """
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m  # the heaviest Q blocks first
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    start_m, pid_bh, off_b, off_h = program_rows(H, BLOCK_M, WINDOW_RIGHT >= 0)  # the heaviest Q blocks first
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
     # load Q_i, dO_i (Br, D), lse_i, Delta_i (Br) once
-    q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn
-                  + offs_d[None, :] * stride_qd, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
-                   + offs_d[None, :] * stride_dod, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    q = load_rows(Q, off_b, off_h, stride_qb, stride_qh, stride_qn, stride_qd, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D)
+    do = load_rows(DO, off_b, off_h, stride_dob, stride_doh, stride_don, stride_dod, offs_m, Nq, offs_d,
+                   HEAD_DIM, BLOCK_D)
+    lse2 = lse_base2(tl.load(LSE + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0))
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
-    # lse in base 2; a row that saw no key (lse = -inf) only meets masked entries;
-    # a row with a +inf score (lse = +inf) has P = NaN everywhere, as in the reference
-    lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-    lse2 = tl.where(lse == float("inf"), float("nan"), lse2)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    K_ptr = K + off_b * stride_kb + off_h * stride_kh + offs_d[None, :] * stride_kd
-    V_ptr = V + off_b * stride_vb + off_h * stride_vh + offs_d[None, :] * stride_vd
+    off_hk = off_h // group  # grouped-query attention: the K/V head of query head off_h
+    K_ptr = head_ptrs(K, off_b, off_hk, stride_kb, stride_kh, stride_kd, offs_d)
+    V_ptr = head_ptrs(V, off_b, off_hk, stride_vb, stride_vh, stride_vd, offs_d)
+    drop_rows = pid_bh.to(tl.int64) * Nq + offs_m  # dropout offsets of row i: ((b*H + h)*Nq + i)*Nk + j
 
-    # the forward's block ranges: [0, full) unmasked, [full, hi) masked
-    causal_off = Nk - Nq
-    n_even = (Nk // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_off, 0), Nk)
-        full = tl.minimum((tl.maximum(start_m + causal_off + 1, 0) // BLOCK_N) * BLOCK_N, n_even)
-    else:
-        hi = Nk
-        full = n_even
+    # the forward's K/V stages: [start, full_start) partial, [full_start, full_end) full, [full_end, end) partial
+    start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
+    if WINDOW_LEFT >= 0:
+        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                       Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
+                       True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nk, causal_off, qk_scale, 0, full, False, CAUSAL, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+                   Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
+                   False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nk, causal_off, qk_scale, full, hi, True, CAUSAL, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-    # dQ_i = scale * sum_j dS_ij K_j
-    dq = dq * softmax_scale
+                   Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
+                   True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    # dQ_i = softmax_scale * sum_j dS_ij K_j
+    dq = dq * (scale_log2 * _LN2)
 
-    ok = offs_m[:, None] < Nq
-    if HEAD_DIM != BLOCK_D:
-        ok = ok & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DQ + pid_bh.to(tl.int64) * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=ok)
+    store_rows(DQ, pid_bh, offs_m, Nq, offs_d, dq, HEAD_DIM, BLOCK_D)

@@ -4,12 +4,12 @@ Three sources of a launch configuration:
 
 * under the interpreter (``TRITON_INTERPRET=1``, CPU tensors): one fixed config per kernel
   (``INTERPRETER``): the autotuner and ``do_bench`` need a GPU driver. Br != Bc on purpose, so
-  the CPU tests exercise the causal block arithmetic with unequal blocks;
+  the CPU tests exercise the mask's block arithmetic with unequal blocks;
 * on the GPU, small problems (max(Nq, Nk) < ``AUTOTUNE_MIN_N``): one fixed config per head dim
   (``small_config``): tuning a 100-token problem costs more than it can save;
 * on the GPU, larger problems: ``triton.autotune`` over ``FWD_CONFIGS`` / ``DKDV_CONFIGS`` /
-  ``DQ_CONFIGS``, keyed on (Nq, Nk, HEAD_DIM, CAUSAL) and (automatically) the tensors' dtypes,
-  after ``prune`` drops the configs whose tiles cannot fit in shared memory.
+  ``DQ_CONFIGS``, keyed on (Nq, Nk, HEAD_DIM, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, group) and (automatically)
+  the tensors' dtypes, after ``prune`` drops the configs whose tiles cannot fit in shared memory.
 
 A config is (BLOCK_M, BLOCK_N, num_warps, num_stages): BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows).
 """

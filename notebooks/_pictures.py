@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from flash_attention_py import masks
+
 
 def visited_tiles(Tr: int, Tc: int, Br: int, Bc: int, causal: bool, order: str) -> list[tuple[int, int]]:
     """The (i, j) tiles of S that a loop order computes, in the order it computes them.
 
     Nq = Tr * Br queries, Nk = Tc * Bc keys; with ``causal`` (bottom-right aligned, as everywhere in
-    this repository) query r sees key c iff c <= r + Nk - Nq, and a tile no query of which sees any of
-    its keys is skipped. ``order`` is ``"v1"`` (outer j over K/V blocks, inner i over Q blocks) or
+    this repository: ``flash_attention_py.masks``) a tile that ``masks.block_kind`` calls 'empty' (no
+    query of it sees any of its keys) is skipped. ``order`` is ``"v1"`` (outer j over K/V blocks, inner i over Q blocks) or
     ``"v2"`` (outer i, inner j).
     """
     if order not in ("v1", "v2"):
         raise ValueError(f"visited_tiles: order must be 'v1' or 'v2', got {order!r}")
-    shift = Tc * Bc - Tr * Br
+    Nq, Nk, window = Tr * Br, Tc * Bc, masks.window_for(causal)
 
     def needed(i, j):
-        return not causal or j * Bc <= (i + 1) * Br - 1 + shift
+        return masks.block_kind(i * Br, (i + 1) * Br, j * Bc, (j + 1) * Bc, Nq, Nk, window) != "empty"
 
     if order == "v2":
         return [(i, j) for i in range(Tr) for j in range(Tc) if needed(i, j)]
@@ -72,7 +74,7 @@ def tile_walk_animation(Tr: int = 6, Tc: int = 6, Br: int = 4, Bc: int = 4, D: i
     q, k, v = (rng.standard_normal((n, D)) for n in (Nq, Nk, Nk))
     S = q @ k.T / np.sqrt(D)
     if causal:
-        S = np.where(np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + Nk - Nq, S, -np.inf)
+        S = np.where(masks.visible(np.arange(Nq), np.arange(Nk), Nq, Nk, masks.CAUSAL), S, -np.inf)
     i_row, r = Tr - 1, (Tr - 1) * Br + Br // 2
     P = np.exp(S[r] - S[r].max())
     O_ref = (P / P.sum()) @ v

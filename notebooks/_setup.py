@@ -12,7 +12,6 @@
   ``recorded(relpath)`` reads one of its JSON files (None when it is missing).
 """
 import json
-import os
 import pathlib
 import sys
 
@@ -21,19 +20,9 @@ RESULTS = ROOT / "docs" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from flash_attention_triton.capabilities import use_interpreter_without_gpu  # noqa: E402 (imports no triton)
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # torch missing or a broken driver: treat as CPU-only
-        return False
-
-
-HAS_GPU = _has_gpu()
-if not HAS_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+HAS_GPU = use_interpreter_without_gpu()  # no GPU: TRITON_INTERPRET=1, before any kernel is imported
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
 

@@ -1,32 +1,60 @@
 """Test set-up shared by every test file.
 
 * Without a CUDA GPU, Triton kernels run under its interpreter: TRITON_INTERPRET=1 must be set
-  before any module with an ``@triton.jit`` kernel is imported, so it is set here, first.
-* Every accuracy check records its errors; the summary at the end prints, per backend, device,
-  dtype and quantity, the worst max-abs and relative-norm error against the float64 reference.
+  before any module with an ``@triton.jit`` kernel is imported, so it is set here, first
+  (``flash_attention_triton.capabilities.use_interpreter_without_gpu``).
+* Every accuracy check records its errors (``flash_attention_py.testing``); the summary at the end prints,
+  per backend, device, dtype and quantity, the worst max-abs and relative-norm error against the float64
+  reference.
 """
 import os
 
+import pytest
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+from flash_attention_triton.capabilities import use_interpreter_without_gpu  # noqa: E402
 
-def _has_cuda() -> bool:
-    try:
-        import torch
+use_interpreter_without_gpu()
 
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+from flash_attention_py import testing  # noqa: E402
 
 
-if not _has_cuda():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The CUDA runtime without a GPU: kernels are recorded (kernel, grid, block, args, smem), not run; outputs
+    stay empty (tests/test_cuda_kernels.py, tests/test_cuda_variants.py)."""
+    from flash_attention_cuda import runtime
 
-import harness  # noqa: E402  (tests/harness.py)
+    calls = []
+
+    class Kernel:
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __init__(self, source, name, device_id):
+            self.source, self.name = source, name
+
+    class Stream:
+        device_id = 0
+
+        def __init__(self, x):
+            pass
+
+        def run(self, kern, grid, block, args, shared_mem=0):
+            calls.append((kern, grid, block, args, shared_mem))
+
+    kernels = {}  # cached per instantiation, as the real runtime does (its shared-memory opt-in keys on the object)
+    monkeypatch.setattr(runtime, "Stream", Stream)
+    monkeypatch.setattr(runtime, "get_kernel",
+                        lambda source, name, device_id: kernels.setdefault((source, name), Kernel(source, name, device_id)))
+    monkeypatch.setattr(runtime, "as_cupy", runtime.ptr)  # CPU tensors: addresses instead of CuPy views
+    monkeypatch.setattr(runtime, "device_cc", lambda x: (9, 0))
+    monkeypatch.setattr(runtime, "_SMEM_SET", set())
+    return calls
 
 
 def pytest_terminal_summary(terminalreporter):
-    rows = harness.error_table()
+    rows = testing.error_table()
     if not rows:
         return
     terminalreporter.write_sep("=", "accuracy against the float64 reference (worst case per row)")

@@ -55,10 +55,10 @@ EXPECTED_ERRORS = (ValueError, TypeError)
 def backends_here():
     """(backend, device) pairs that can run on this machine (the CPU always; CUDA when there is a GPU)."""
     from flash_attention_py.registry import BACKENDS
-    import harness
+    from flash_attention_py.testing import devices_here
 
     out = []
-    for device in harness.devices_here():
+    for device in devices_here():
         for b in BACKENDS:
             if b.unavailable_reason(device) is None and (device == "cpu" or b.array == "torch"):
                 out.append((b, device))
@@ -67,7 +67,7 @@ def backends_here():
 
 def fn_name(backend) -> str:
     """The public function's name: the prefix every error message of the backend starts with."""
-    return backend.target.split(":")[1]
+    return backend.load().__name__
 
 
 # ---------------------------------------------------------------------------------------------- case builders
@@ -331,32 +331,15 @@ def _compare(out, ref, naive, out_dtype: str, floor: float, extra: float = 0.0) 
 
 
 def _naive(backend, device, q, k, v, *, causal, scale, do=None):
-    """Naive attention in the backend's dtype and precision mode, with the case's softmax_scale: the yardstick.
-
-    Returns (o, lse), or (dq, dk, dv) when ``do`` is given; None where naive attention refuses the input.
+    """The harness's yardstick (naive attention in the backend's dtype and precision mode, at the case's
+    softmax_scale): (o, lse), or (dq, dk, dv) when ``do`` is given; None where naive attention refuses the input.
     """
-    import torch
+    from flash_attention_py.testing import naive_same_precision
 
-    from flash_attention_py import attention_naive
-
-    def as_torch(x):
-        if isinstance(x, torch.Tensor):
-            return x.detach().resolve_conj().resolve_neg().to(device)
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))).to(device)
-
-    q, k, v = (as_torch(x) for x in (q, k, v))
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = device in backend.tf32_on
     try:
-        if do is None:
-            return attention_naive(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
-        q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
-        attention_naive(q, k, v, causal=causal, softmax_scale=scale).backward(as_torch(do))
-        return q.grad, k.grad, v.grad
+        return naive_same_precision(backend, device, q, k, v, causal=causal, softmax_scale=scale, do=do)
     except EXPECTED_ERRORS:
         return None
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
 
 
 def _max_norm(x) -> float:
@@ -382,8 +365,8 @@ def _message_ok(exc, fn: str, words) -> str | None:
 
 def run_case(backend, device, family: str, i: int) -> dict:
     """Run one case; returns {'outcome': 'error' | 'correct' | 'wrong', 'detail': ...}."""
-    import harness
     from flash_attention_py import attention_reference, attention_reference_grads
+    from flash_attention_py.testing import FLOOR, LSE_FLOOR
 
     case = make_case(backend, family, i)
     fn = fn_name(backend)
@@ -411,8 +394,8 @@ def run_case(backend, device, family: str, i: int) -> dict:
         return dict(base, outcome="wrong", detail=f"accepted what the reference refuses: {str(exc)[:160]}")
     out_dtype = str(getattr(o, "dtype", "")).replace("torch.", "")
     out_dtype = np.dtype(o.dtype).name if backend.array == "numpy" else out_dtype
-    floor = harness.FLOOR.get(out_dtype, 2e-3)
-    lse_floor = harness.LSE_FLOOR.get(out_dtype, 2e-4)
+    floor = FLOOR.get(out_dtype, 2e-3)
+    lse_floor = LSE_FLOOR.get(out_dtype, 2e-4)
     lse_dtype = str(lse.dtype).replace("torch.", "") if hasattr(lse, "dtype") else "float32"
     lse_dtype = np.dtype(lse.dtype).name if backend.array == "numpy" else lse_dtype
     naive_o = naive_lse = None

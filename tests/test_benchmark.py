@@ -206,6 +206,7 @@ def test_bad_options_give_clear_errors(argv, needle, capsys):
     assert needle in err, err
 
 
+@pytest.mark.slow  # a fresh interpreter / matplotlib drawing: ~8 s on 2 shared cores
 def test_module_entry_point_rejects_bad_option():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-m", "benchmarks", "--dtype", "float8"], cwd=ROOT, env=env,
@@ -350,6 +351,7 @@ def test_small_first_case_needs_no_probe(tmp_path, monkeypatch):
                            "--repeats", "1", "--out", out, "--no-progress", "--no-plots"]) == 0
 
 
+@pytest.mark.slow  # a fresh interpreter / matplotlib drawing: ~8 s on 2 shared cores
 def test_plots_lines_for_a_sweep_bars_for_one_n_legend_outside(tmp_path, monkeypatch):
     """Several N: lines; a single N: bars (not a column of dots); the legend lies outside every panel."""
     import matplotlib
@@ -382,3 +384,271 @@ def test_plots_lines_for_a_sweep_bars_for_one_n_legend_outside(tmp_path, monkeyp
     assert len(seen) == 6
     assert all(bars == 0 and lines >= 2 and outside for bars, lines, outside in seen[:3]), seen
     assert all(bars == 2 and outside for bars, lines, outside in seen[3:]), seen
+
+
+# ------------------------------------------------------------------------------------ presets
+def test_presets_are_listed(capsys):
+    from benchmarks import presets
+
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in presets.PRESETS:
+        assert name in out, out
+    assert set(presets.PRESETS) >= {"cuda-ladder", "cuda-backward", "triton-vs-fa2", "launch-overhead"}
+
+
+@pytest.mark.parametrize("name", ["cuda-ladder", "cuda-backward", "triton-vs-fa2", "launch-overhead"])
+def test_preset_dry_run_resolves_without_a_gpu(name, tmp_path, capsys, monkeypatch):
+    """--dry-run resolves a GPU preset here and lists every case (with why it cannot run), running none."""
+    from benchmarks import presets
+
+    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("a case ran in a dry run"))
+    pr = presets.PRESETS[name]
+    out = tmp_path / "never"
+    assert cli.main(["--preset", name, "--dry-run", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    n = len(cli.parse_sizes(pr.n))
+    expected = sum(len(pr.dtypes[b]) for b in pr.backends) * len(pr.shapes) * n * len(pr.combos)
+    assert f"{name} on {pr.device}: {expected} cases" in text, text
+    assert len([line for line in text.splitlines() if line.startswith("  ")]) == expected
+    assert not out.exists()
+
+
+def _fake_timers(monkeypatch):
+    """Replace the three timers of benchmarks.measure by stand-ins that count their calls."""
+    from benchmarks import measure
+
+    calls = {"time_gpu": 0, "time_cpu": 0, "time_host": 0}
+
+    def fake(name, ms):
+        def timer(fn, **kw):
+            calls[name] += 1
+            fn()
+            return ms, ms, ms, 1, name
+
+        return timer
+
+    monkeypatch.setattr(measure, "time_gpu", fake("time_gpu", 1.0))
+    monkeypatch.setattr(measure, "time_cpu", fake("time_cpu", 2.0))
+    monkeypatch.setattr(measure, "time_host", fake("time_host", 3.0))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["cuda-ladder", "cuda-backward", "triton-vs-fa2", "launch-overhead"])
+def test_presets_time_through_the_one_timer(name, tmp_path, monkeypatch):
+    """Each preset, run on the CPU (tiny shape, fp32, the GPU backends recorded as unsupported), times every
+    case through benchmarks.measure, compares each backend with the reference's output, and writes the
+    sweep's files plus its summary."""
+    from benchmarks import presets
+
+    calls = _fake_timers(monkeypatch)
+    pr = presets.PRESETS[name]
+    backends = [b for b in pr.backends if b != "triton"] + ["naive-torch"]  # triton: slow under the interpreter
+    out = str(tmp_path)
+    assert cli.main(["--preset", name, "--device", "cpu", "--n", "16", "-b", "1", "--heads", "1", "-d", "16",
+                     "--dtype", "float32", "--backends", ",".join(backends), "--out", out, "--no-progress",
+                     "--no-plots"]) == 0
+    header, rows, doc = _read(out)
+    assert header == COLUMNS and doc["config"]["preset"] == name
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["backend"] for r in ok} == {"sdpa-flash", "naive-torch"}
+    timer = "time_host" if pr.timer == "host" else "time_cpu"
+    assert calls[timer] == len(ok) and sum(calls.values()) == len(ok)
+    assert all(r["timer"] == timer and float(r["time_ms"]) == {"time_cpu": 2.0, "time_host": 3.0}[timer] for r in ok)
+    if pr.reference:
+        naive = [r for r in ok if r["backend"] == "naive-torch"]
+        assert naive and all(r["ref"] == pr.reference and 0 <= float(r["max_abs_vs_ref"]) < 1e-4 for r in naive), naive
+    for fname in pr.summary(doc["results"], dict(meta=doc["meta"], preset=pr)):
+        assert os.path.getsize(os.path.join(out, fname)) > 0, fname
+    if name == "cuda-ladder":
+        with open(os.path.join(out, "cuda_ladder.json")) as f:
+            summary = json.load(f)
+        assert [r["causal"] for r in summary["rows"]] == [False, True]
+        assert all(r["fa2_ms"] == 2.0 and "mma_tflops" not in r for r in summary["rows"])
+
+
+def test_preset_caps_slow_rungs_and_options_override(tmp_path, monkeypatch):
+    """A preset's N cap on a slow rung records the larger cases as skipped; --n/--causal replace the preset's."""
+    from benchmarks import presets
+
+    _fake_timers(monkeypatch)
+    monkeypatch.setitem(presets.PRESETS, "capped", presets.Preset(
+        name="capped", description="test", backends=("naive-torch",), shapes=((1, 1, 16),), n="16,32",
+        combos=(("fwd", True),), dtypes={"naive-torch": ("float32",)}, max_n={"naive-torch": 16}, device="cpu"))
+    out = str(tmp_path)
+    assert cli.main(["--preset", "capped", "--out", out, "--no-progress", "--no-plots"]) == 0
+    _, rows, _ = _read(out)
+    assert [(r["Nk"], r["causal"], r["status"]) for r in rows] == [("16", "True", "ok"), ("32", "True", "skipped")]
+    assert "N <= 16 only" in rows[1]["reason"]
+
+
+def test_sweep_needs_a_preset_with_configs(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(CPU + ["--sweep", "--out", os.devnull + "-never-written"])
+    assert info.value.code == 2 and "--sweep" in capsys.readouterr().err
+
+
+def test_config_sweep_passes_configs_in_and_writes_no_table(monkeypatch):
+    """The tile-config sweep calls the config-taking forward with each candidate and records the best per D;
+    the library's config tables stay as they were."""
+    import copy
+    import types
+
+    from benchmarks import presets
+
+    _fake_timers(monkeypatch)
+    seen = []
+    specs = types.ModuleType("flash_attention_cuda.launch_specs")  # stand-ins: nothing CUDA runs here
+    specs.MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
+    specs.WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
+    launcher = types.ModuleType("flash_attention_cuda.launcher")
+
+    def forward_with_config(q, k, v, *, kernel, config, causal=False, softmax_scale=None, return_lse=False):
+        seen.append((kernel, q.shape[-1], config, causal))
+        return q
+
+    launcher.forward_with_config = forward_with_config
+    monkeypatch.setitem(sys.modules, "flash_attention_cuda.launch_specs", specs)
+    monkeypatch.setitem(sys.modules, "flash_attention_cuda.launcher", launcher)
+    before = copy.deepcopy((specs.MMA_CONFIGS, specs.WGMMA_CONFIGS))
+    result = presets.config_sweep(("mma", "wgmma"), ((1, 1, 64), (1, 1, 128)), "cpu", log=lambda text: None)
+    assert (specs.MMA_CONFIGS, specs.WGMMA_CONFIGS) == before
+    expected = [(kernel, D, c, causal) for kernel in ("mma", "wgmma")
+                for D, cands in presets.CONFIG_CANDIDATES[kernel].items() for c in cands for causal in (False, True)]
+    assert seen == expected
+    assert set(result["best"]) == {"mma", "wgmma"} and set(result["best"]["mma"]) == {"64", "128"}
+    assert all(r["ms"] == 4.0 for r in result["results"])  # full + causal, 2.0 ms each from the stand-in timer
+    assert result["library"]["mma"] == {"64": [64, 4, 2], "128": [128, 8, 1]}
+
+
+def _benchmark_sources():
+    import ast
+    import glob
+
+    for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))):
+        with open(path) as f:
+            yield os.path.basename(path), ast.parse(f.read())
+
+
+def test_no_module_writes_into_config_tables():
+    """No benchmark module assigns to a *CONFIG* table or attribute (the sweep passes configs in)."""
+    import ast
+
+    def config_named(node):
+        while isinstance(node, (ast.Subscript, ast.Attribute)):
+            if isinstance(node, ast.Attribute) and "CONFIG" in node.attr.upper():
+                return True
+            node = node.value
+        return isinstance(node, ast.Name) and "CONFIG" in node.id.upper() and node.id.isupper()
+
+    for name, tree in _benchmark_sources():
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, (ast.Subscript, ast.Attribute)):
+                    assert not config_named(t), f"benchmarks/{name}:{node.lineno} writes into a config table"
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr":
+                assert False, f"benchmarks/{name}:{node.lineno} calls setattr"
+
+
+def test_one_timer_and_one_sdpa_pin():
+    """do_bench is called only in measure.py, and SDPA's kernel is pinned only in targets.py."""
+    import ast
+
+    for name, tree in _benchmark_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if fn in ("do_bench", "Event", "elapsed_time"):
+                    assert name == "measure.py", f"benchmarks/{name}:{node.lineno} times with {fn}"
+                if fn == "sdpa_kernel":
+                    assert name == "targets.py", f"benchmarks/{name}:{node.lineno} pins an SDPA kernel"
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+SUMMARIES = {"cuda-ladder": "cuda_ladder.json", "cuda-backward": "cuda_backward.json",
+             "triton-vs-fa2": "triton_vs_fa2.json", "launch-overhead": "launch_overhead.txt"}
+
+
+@pytest.mark.parametrize("name", list(SUMMARIES))
+def test_preset_runs_on_a_gpu(name, tmp_path):
+    """Each preset at a small size on the GPU (with its tile-config sweep where it has one): no case fails,
+    the tensor-core and Triton outputs agree with FlashAttention-2's, and the summary holds the timed rows."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from benchmarks import presets
+
+    out = str(tmp_path)
+    argv = ["--preset", name, "--n", "256", "-b", "1", "--heads", "2", "--out", out, "--no-progress", "--no-plots"]
+    if presets.PRESETS[name].config_sweep:
+        argv.append("--sweep")
+    assert cli.main(argv) == 0
+    _, rows, doc = _read(out)
+    assert not [r for r in rows if r["status"] == "error"], rows
+    ok = {r["backend"] for r in rows if r["status"] == "ok"}
+    assert "sdpa-flash" in ok and ok & {"cuda-mma", "triton"}, rows
+    for r in rows:
+        if r["status"] == "ok" and r["ref"]:
+            assert float(r["max_abs_vs_ref"]) < 5e-2, r
+    path = os.path.join(out, SUMMARIES[name])
+    assert os.path.getsize(path) > 0
+    if name == "launch-overhead":
+        return
+    with open(path) as f:
+        summary = json.load(f)
+    assert summary["rows"] and all(r["fa2_tflops"] > 0 for r in summary["rows"])
+    if presets.PRESETS[name].config_sweep:
+        sweep = doc["config_sweep"]
+        assert sweep["best"] and any(r["ms"] for r in sweep["results"]), sweep
+
+
+def test_preset_summaries_are_what_docs_tables_reads():
+    """The presets' summary files hold the fields tools/docs_tables.py builds the docs' tables from."""
+    import importlib.util
+
+    from benchmarks import presets
+
+    spec = importlib.util.spec_from_file_location("docs_tables", os.path.join(ROOT, "tools", "docs_tables.py"))
+    dt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dt)
+
+    def long_rows(name, mode_times):
+        pr = presets.PRESETS[name]
+        rows = []
+        for (mode, causal) in pr.combos:
+            for B, H, D in pr.shapes:
+                for N in (1024, 2048, 16384):
+                    for i, backend in enumerate(pr.backends):
+                        cap = pr.max_n.get(backend)
+                        ok = cap is None or N <= cap
+                        rows.append(dict(backend=backend, dtype=pr.dtypes[backend][0], mode=mode, causal=causal, B=B, H=H,
+                                         D=D, Nq=N, Nk=N, status="ok" if ok else "skipped", time_ms=mode_times * (i + 1),
+                                         tflops=100.0 / (i + 1), gflop=1.0, timer="triton.testing.do_bench",
+                                         max_abs_vs_ref=1e-3 if i else None, max_abs_each=[1e-3, 2e-3, 3e-3] if i else None))
+        return rows
+
+    ctx = dict(meta={"command": "python -m benchmarks --preset ..."})
+    got = {}
+    for name, fname in (("cuda-ladder", "cuda_ladder.json"), ("cuda-backward", "cuda_backward.json"),
+                        ("triton-vs-fa2", "triton_vs_fa2.json")):
+        pr = presets.PRESETS[name]
+        got[name] = json.loads(pr.summary(long_rows(name, 1.0), dict(ctx, preset=pr))[fname])
+
+    class Recorded(dt.Results):
+        def ladder(self):
+            return got["cuda-ladder"]["rows"]
+
+        def backward(self):
+            return got["cuda-backward"]["rows"]
+
+        def triton(self):
+            return got["triton-vs-fa2"]["rows"]
+
+    R = Recorded(ROOT)
+    for fn in (dt.t_cuda_ladder, dt.t_cuda_ladder_summary, dt.t_cuda_backward, dt.t_triton_perf, dt.t_fa2_forward):
+        assert fn(R, "en").count("\n") > 2, fn.__name__
+    assert dt.ladder_stats(R)["n"] == 12 and dt.backward_stats(R)["ratio"] and dt.triton_stats(R)["fwd_ratio"]
+    assert got["cuda-backward"]["rows"][0]["max_abs_vs_fa2"] == {"dq": 1e-3, "dk": 2e-3, "dv": 3e-3}

@@ -84,7 +84,7 @@ def test_launcher_configs_are_instantiated_for_nvcc():
 
 
 def test_sources_include_no_host_headers():
-    """NVRTC has no host headers: the only #includes are the project's own headers (common.cuh, ptx.cuh)."""
+    """NVRTC has no host headers: the only #includes are the project's own headers (kernels/*.cuh)."""
     for source in launcher.SOURCES + launcher.HEADERS:
         text = open(os.path.join(launcher.KERNEL_DIR, source)).read()
         includes = re.findall(r'^\s*#\s*include\s*(.+)$', text, re.M)
@@ -93,6 +93,9 @@ def test_sources_include_no_host_headers():
 
 
 def test_read_source_inlines_headers_once():
-    text = launcher.read_source("wgmma.cu")
+    text = launcher.read_source("wgmma.cu")  # includes fragments.cuh, which includes common, masks, ptx, smem_tiles
     assert not re.search(r"^\s*#\s*include", text, re.M)
-    assert text.count("namespace ptx {") == 1 and text.count("namespace fa {") == 1
+    for header in ("common.cuh", "masks.cuh", "ptx.cuh", "smem_tiles.cuh", "fragments.cuh"):
+        with open(os.path.join(launcher.KERNEL_DIR, header)) as f:
+            first_line = f.readline()  # "// <name> -- ...": each header's text once
+        assert text.count(first_line) == 1, header

@@ -2,26 +2,32 @@
 
 * bad input (runs on the CPU too): tensors not on a CUDA device, unknown kernel name, a
   (kernel, dtype, D) combination a rung does not support (the message lists what it supports);
+* launch specs (CPU too): every kernel's grid, block, shared memory and argument list, checked against the
+  ``__global__`` declarations parsed from the .cu files, so a signature mismatch shows without a GPU;
 * on a GPU: the seed lab kernel's overflow (no running max) against ours, large and negative scales,
   CuPy arrays in and out, zero-copy DLPack views, torch's current stream, odd D (scalar-load path),
   the autograd backward of every rung. Without a GPU these skip with the reason
   (``cupy.cuda.is_available()`` is False).
 """
+import functools
 import math
+import os
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
-from flash_attention_py.registry import _cuda_hopper_probe, cuda_unavailable_reason
+from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
-from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward
+from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
+from flash_attention_cuda.capabilities import CAPABILITIES, cuda_unavailable_reason, hopper_probe, is_hopper
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
-HOPPER_REASON = _cuda_hopper_probe("cuda")
+HOPPER_REASON = hopper_probe("cuda")
 hopper = pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}")
 WGMMA = pytest.param("wgmma", marks=hopper)
 
@@ -73,6 +79,151 @@ def test_rung_table():
     assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma")
     assert fac.RUNGS["wgmma"].supports("float16", 64) and not fac.RUNGS["wgmma"].supports("float16", 96)
     assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
+    assert all(fac.RUNGS[name[len("cuda-"):]] is cap for name, cap in CAPABILITIES.items())  # one table
+    assert [n for n, c in CAPABILITIES.items() if c.hopper_only] == ["cuda-wgmma"]
+    assert is_hopper((9, 0)) and is_hopper("90") and not is_hopper((8, 0)) and not is_hopper((10, 0))
+
+
+def test_forward_with_config_refuses_bad_configs():
+    """The sweeps' entry point checks the config first, then checks as flash_attn_cuda does."""
+    q = torch.randn(1, 1, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"forward_with_config: kernel must be one of mma, wgmma.*got 'tiled'"):
+        fac.forward_with_config(q, q, q, kernel="tiled", config=(64, 4, 2))
+    for bad in ((64, 4), [64, 4, 2], (64, 0, 2), (64.0, 4, 2), (True, 4, 2)):
+        with pytest.raises(ValueError, match=r"forward_with_config: config for kernel 'mma' must be a tuple of 3 "
+                                             r"positive ints \(Bc, warps, m16 tiles per warp\), got"):
+            fac.forward_with_config(q, q, q, kernel="mma", config=bad)
+    with pytest.raises(ValueError, match="forward_with_config: q, k and v must be on a CUDA device, got cpu"):
+        fac.forward_with_config(q, q, q, kernel="mma", config=(64, 4, 2))
+
+
+# ------------------------------------------------------------------ launch specs against the .cu files (CPU)
+_SCALAR_TYPES = {"int": np.int32, "float": np.float32, "long long": np.int64, "unsigned": np.uint32}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_params(source: str) -> dict:
+    """kernel name -> [(name, 'ptr' | numpy scalar type)] from the ``__global__`` definitions in kernels/<source>."""
+    with open(os.path.join(runtime.KERNEL_DIR, source)) as f:
+        text = re.sub(r"//[^\n]*", "", f.read())
+    kernels = {}
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{", text):
+        params = []
+        for p in m.group(2).split(","):
+            words = p.replace("*", " * ").split()
+            name, kind = words[-1], " ".join(w for w in words[:-1] if w not in ("const", "__restrict__"))
+            params.append((name, "ptr" if "*" in kind else _SCALAR_TYPES[kind]))
+        kernels[m.group(1)] = params
+    return kernels
+
+
+def _all_specs():
+    """(spec, what it is for) for every kernel, dtype and head-dim family the launcher uses."""
+    out = []
+    for D, window in ((40, FULL), (64, CAUSAL), (128, (3, 0)), (7, (-1, 2))):
+        p = launch_specs.Problem(2, 3, 77, 130, D, "float32", -0.3, window)
+        out += [(launch_specs.naive_fwd(p), p), (launch_specs.tiled_fwd(p, vec4=D % 4 == 0), p),
+                (launch_specs.seed_nomax_fwd(p), p), (launch_specs.bwd_preprocess(p), p), (launch_specs.bwd_dkdv(p), p),
+                (launch_specs.bwd_dq(p), p)]
+    for D in (64, 128):
+        for dtype in ("float16", "bfloat16"):
+            # the tensor-core kernels: plain causal, and with every variant (window, 6 query heads on 3 K/V
+            # heads, dropout with a seed past 2**32)
+            for p in (launch_specs.Problem(2, 3, 77, 130, D, dtype, 0.125, CAUSAL),
+                      launch_specs.Problem(2, 6, 77, 130, D, dtype, 0.125, (5, 2), 3, 0.25, 2**40 + 7)):
+                out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p),
+                        (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
+                        (launch_specs.mma_bwd_dq(p), p)]
+    return out
+
+
+def test_launch_specs_match_the_kernel_signatures():
+    """Each spec's buffers and scalars are the kernel's parameter list (names, order, types), as the .cu declares it."""
+    params = {source: _kernel_params(source) for source in runtime.SOURCES}
+    for spec, p in _all_specs():
+        kernel = spec.name.split("<")[0]
+        assert kernel in params[spec.source], f"{spec.source} declares no __global__ {kernel}"
+        want = params[spec.source][kernel]
+        got = [(b, "ptr") for b in spec.buffers] + [(n, type(v)) for n, v in spec.scalars]
+        assert len(got) == len(want), f"{kernel}: launch passes {len(got)} arguments, the kernel takes {len(want)}"
+        for (gname, gtype), (wname, wtype) in zip(got, want):
+            assert gname.lower() == wname.lower() and gtype is wtype, \
+                f"{kernel}: passes {gname} {gtype}, takes {wname} {wtype}"
+        values = dict(spec.scalars)
+        if "scale_log2" in values:  # one signed scale in log2 units, the window as (left, right)
+            assert values["scale_log2"] == np.float32(p.scale * math.log2(math.e))
+        if "window_left" in values:
+            assert (values["window_left"], values["window_right"]) == p.window
+        if "group" in values:  # query heads per K/V head; dropout p in float32, the seed as two 32-bit words
+            assert values["group"] == p.H // (p.Hk or p.H)
+            assert values["dropout_p"] == np.float32(p.dropout_p)
+            seed = p.dropout_seed if p.dropout_p > 0 else 0
+            assert (int(values["seed_lo"]), int(values["seed_hi"])) == (seed % 2**32, seed >> 32)
+            # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
+            n_args = len(spec.name.split("<")[1].split(","))
+            gqa = kernel == "mma_bwd_dkdv" and p.H != (p.Hk or p.H)
+            assert n_args == {"mma_fwd": 5, "wgmma_fwd": 4}.get(kernel, 4) + (2 if gqa else p.dropout_p > 0), spec.name
+
+
+def test_launch_specs_grid_block_smem():
+    """The launch geometry of each rung: blocks of Br query rows (Bc keys in the backward) by B * H."""
+    p = launch_specs.Problem(2, 3, 300, 130, 40, "float32", 0.5, CAUSAL)
+    n = launch_specs.naive_fwd(p)
+    assert (n.name, n.grid, n.block, n.smem) == ("naive_fwd<64, 32, 64>", (5, 6), (64,), 0)
+    t = launch_specs.tiled_fwd(p._replace(D=128), vec4=True)
+    assert (t.name, t.grid, t.block, t.smem, dict(t.scalars)["vec4"]) == ("tiled_fwd<128, 4>", (19, 6), (128,), 0, 1)
+    h = p._replace(dtype="float16", D=128)
+    m = launch_specs.mma_fwd(h)  # (Bc, warps, tiles) = (128, 8, 1): Br = 128; Q + 2 x (K + V) tiles of 16-bit
+    assert (m.name, m.grid, m.block, m.smem) == ("mma_fwd<128, 128, 8, 1, false>", (3, 6), (256,),
+                                                 (128 + 4 * 128) * 128 * 2)
+    w = launch_specs.wgmma_fwd(h._replace(dtype="bfloat16", D=64))  # (64, 2): Br = 128, plus 1024 B of alignment
+    assert (w.name, w.grid, w.block, w.smem) == ("wgmma_fwd<64, 64, 2, true>", (3, 6), (256,),
+                                                 (128 + 4 * 64) * 64 * 2 + 1024)
+    assert launch_specs.mma_fwd(h, config=(64, 4, 2)).name == "mma_fwd<128, 64, 4, 2, false>"
+    kv, dq = launch_specs.mma_bwd_dkdv(h._replace(D=64)), launch_specs.mma_bwd_dq(h._replace(D=64))
+    assert (kv.grid, kv.block, kv.smem) == ((3, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2 + 4 * 64 * 4)
+    assert (dq.grid, dq.block, dq.smem) == ((5, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2)
+    pre = launch_specs.bwd_preprocess(p)
+    assert (pre.grid, pre.block, dict(pre.scalars)["rows"]) == ((450,), (128,), 2 * 3 * 300)
+    assert (launch_specs.bwd_dkdv(p).grid, launch_specs.bwd_dq(p).grid) == ((5, 6), (10, 6))
+
+
+def _check_call(call, arrays):
+    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta, which the
+    backward allocates itself, is not among them)."""
+    kern, grid, block, args, smem = call
+    want = _kernel_params(kern.source)[kern.name.split("<")[0]]
+    assert len(args) == len(want), kern.name
+    for (name, kind), arg in zip(want, args):
+        if kind == "ptr":
+            assert name.lower() == "delta" or arg == arrays[name.lower()].data_ptr(), (kern.name, name)
+        else:
+            assert type(arg) is kind, (kern.name, name)
+    assert smem <= kern.max_dynamic_shared_size_bytes  # opted in where above 48 KiB
+
+
+def test_launch_plumbing_without_a_gpu(recorded_launches):
+    """run_forward / run_backward hand each kernel the right buffers, on a recording runtime (the custom ops on
+    it: tests/test_torch_compile.py)."""
+    B, H, Nq, Nk = 1, 2, 33, 70
+    for kernel, dtype, D in (("naive", "float32", 40), ("tiled", "float32", 64), ("mma", "float16", 64),
+                             ("wgmma", "bfloat16", 128)):
+        x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind="torch")
+        q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+        recorded_launches.clear()
+        o, lse = launch_specs.run_forward(q, k, v, CAUSAL, 0.3, kernel)
+        assert (o.shape, o.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (B, H, Nq), torch.float32)
+        (call,) = recorded_launches
+        _check_call(call, dict(q=q, k=k, v=v, o=o, lse=lse))
+        recorded_launches.clear()
+        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "auto")
+        assert [c[0].name.split("<")[0] for c in recorded_launches] == (
+            ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"] if dtype != "float32" else
+            ["bwd_preprocess", "bwd_dkdv", "bwd_dq"])
+        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, q.dtype) for x in (q, k, v)]
+        for c in recorded_launches:
+            _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
+
 
 
 # ------------------------------------------------------------------ GPU
@@ -96,23 +247,6 @@ def test_seed_kernel_overflows_and_ours_does_not():
     # at ordinary scales the seed arithmetic is right: it is the missing max, not the loop, that fails
     q2, k2, v2, _ = _inputs(B, H, N, N, D)
     assert _err(fac.seed_nomax_forward(q2, k2, v2), attention_reference(q2, k2, v2)) < 1e-4
-
-
-@gpu
-@pytest.mark.parametrize("kernel,dtype", [("naive", "float32"), ("tiled", "float32"), ("mma", "float16"),
-                                          ("mma", "bfloat16"), pytest.param("wgmma", "float16", marks=hopper),
-                                          pytest.param("wgmma", "bfloat16", marks=hopper)])
-@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.5])
-def test_unusual_scales(kernel, dtype, scale):
-    q, k, v, _ = _inputs(2, 2, 77, 130, 64, dtype)
-    for causal in (False, True):
-        o, lse = flash_attn_cuda(q, k, v, causal=causal, softmax_scale=scale, kernel=kernel, return_lse=True)
-        o_ref, lse_ref = attention_reference(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
-        tol = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1e-1}[dtype] * max(1.0, abs(scale))
-        assert _err(o, o_ref) < tol
-        fin = torch.isfinite(lse_ref)
-        assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
-        assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < tol * 10
 
 
 @gpu
@@ -152,12 +286,10 @@ def test_cupy_arrays_in_and_out():
 def test_dlpack_views_are_zero_copy():
     import cupy
 
-    from flash_attention_cuda.launcher import _as_cupy
-
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         t = torch.randn(2, 3, 4, 8, device="cuda").to(dtype)
-        assert _as_cupy(t).data.ptr == t.data_ptr()
-    assert isinstance(_as_cupy(t), cupy.ndarray)
+        assert runtime.as_cupy(t).data.ptr == t.data_ptr()
+    assert isinstance(runtime.as_cupy(t), cupy.ndarray)
 
 
 @gpu
@@ -217,26 +349,27 @@ WGMMA_SWEEP = [(64, c) for c in [(128, 2), (64, 2), (128, 3)]] + [(128, c) for c
 @gpu
 @pytest.mark.parametrize("kernel,D,config", [("mma", D, c) for D, c in MMA_SWEEP]
                          + [pytest.param("wgmma", D, c, marks=hopper) for D, c in WGMMA_SWEEP])
-def test_every_benchmarked_config(kernel, D, config, monkeypatch):
-    """Every config the benchmark sweep tries (mma: BC, warps, m16 tiles per warp; wgmma: BC, warpgroups)
-    is right at odd shapes too, with one and several K/V tiles."""
-    monkeypatch.setitem(fac.MMA_CONFIGS if kernel == "mma" else fac.WGMMA_CONFIGS, D, config)
+def test_every_benchmarked_config(kernel, D, config):
+    """Every config the benchmark sweep tries (mma: Bc, warps, m16 tiles per warp; wgmma: Bc, warpgroups)
+    is right at odd shapes too, with one and several K/V tiles; the default tables stay as they were."""
+    defaults = (dict(fac.MMA_CONFIGS), dict(fac.WGMMA_CONFIGS))
     for Nq, Nk in ((100, 100), (37, 300), (300, 37), (1, 517), (450, 450)):
         q, k, v, _ = _inputs(2, 2, Nq, Nk, D, "float16")
         for causal in (False, True):
-            o, lse = flash_attn_cuda(q, k, v, causal=causal, return_lse=True, kernel=kernel)
+            o, lse = fac.forward_with_config(q, k, v, kernel=kernel, config=config, causal=causal, return_lse=True)
             o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
             assert _err(o, o_ref) < 5e-3, (Nq, Nk, causal)
             fin = torch.isfinite(lse_ref)
             assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
             assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < 1e-3
+    assert (fac.MMA_CONFIGS, fac.WGMMA_CONFIGS) == defaults
 
 
 @hopper
 def test_auto_picks_wgmma_on_hopper(monkeypatch):
     calls = []
-    real = fac.launcher._forward
-    monkeypatch.setattr(fac.launcher, "_forward", lambda *a: calls.append(a[5]) or real(*a))
+    real = launch_specs.run_forward
+    monkeypatch.setattr(launch_specs, "run_forward", lambda *a, **kw: calls.append(a[5]) or real(*a, **kw))
     q, k, v, _ = _inputs(1, 2, 64, 64, 64, "float16")
     flash_attn_cuda(q, k, v)
     assert calls == ["wgmma"]
@@ -245,13 +378,13 @@ def test_auto_picks_wgmma_on_hopper(monkeypatch):
 @gpu
 def test_wgmma_refused_off_hopper(monkeypatch):
     """On any GPU but compute capability 9.0 the sm_90a kernel cannot load: a clear error, not a crash."""
-    monkeypatch.setattr(fac.launcher, "_device_cc", lambda x: "80")
+    monkeypatch.setattr(runtime, "device_cc", lambda x: (8, 0))
     q, k, v, _ = _inputs(1, 2, 16, 16, 64, "float16")
-    with pytest.raises(ValueError, match=r"kernel 'wgmma' runs only on compute capability 90.*has 80"):
+    with pytest.raises(ValueError, match=r"kernel 'wgmma' runs only on compute capability 9\.0.*has 8\.0"):
         flash_attn_cuda(q, k, v, kernel="wgmma")
     calls = []
-    real = fac.launcher._forward
-    monkeypatch.setattr(fac.launcher, "_forward", lambda *a: calls.append(a[5]) or real(*a))
+    real = launch_specs.run_forward
+    monkeypatch.setattr(launch_specs, "run_forward", lambda *a, **kw: calls.append(a[5]) or real(*a, **kw))
     flash_attn_cuda(q, k, v)  # auto falls back to mma
     assert calls == ["mma"]
 
@@ -295,14 +428,13 @@ def test_backward_bad_input():
 @gpu
 @pytest.mark.parametrize("config", [(4, 64), (8, 64), (4, 32), (8, 32)])
 @pytest.mark.parametrize("D", [64, 128])
-def test_mma_backward_every_benchmarked_config(config, D, monkeypatch):
-    """Every (warps, looped tile rows) that benchmarks/cuda_backward_vs_fa2.py --sweep tries is right too."""
-    monkeypatch.setattr(fac.launcher, "MMA_BACKWARD_CONFIG", config)
+def test_mma_backward_every_benchmarked_config(config, D):
+    """Every (warps, looped tile rows) the benchmark's backward sweep tries is right too (passed in as config)."""
     for Nq, Nk in ((300, 37), (37, 300), (257, 513)):
         q, k, v, do = _inputs(1, 2, Nq, Nk, D, "float16")
         for causal in (False, True):
             o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel="mma", return_lse=True)
-            grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, kernel="mma")
+            grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL if causal else FULL, D ** -0.5, "mma", config)
             for name, g, r in zip(("dq", "dk", "dv"), grads, attention_reference_grads(q, k, v, do, causal=causal)):
                 assert _err(g, r) < 4e-3 * max(1.0, r.abs().max().item()), (name, config, Nq, Nk, causal)
 

@@ -5,20 +5,25 @@ import numpy as np
 import pytest
 import torch
 
-from flash_attention_py import attention_flops, attention_reference, causal_visible, flash_attn_numpy, make_inputs
-from flash_attention_py.common import causal_kv_end
+from flash_attention_py import attention_flops, attention_reference, flash_attn_numpy, make_inputs, masks
 from flash_attention_py.registry import BACKENDS, get_backend
 from flash_attention_py import attention_reference_grads
-import harness
+import flash_attention_py.testing as harness
 
 
 def test_causal_rule_bottom_right():
+    def causal_visible(q_idx, k_idx, Nq, Nk):
+        return masks.visible(np.asarray(q_idx), np.asarray(k_idx), Nq, Nk, masks.CAUSAL)
+
     # Nq = 2, Nk = 5: the two queries are the last two positions
     assert causal_visible(range(2), range(5), 2, 5).astype(int).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
     # Nq = 5, Nk = 2: the first three queries see nothing
     assert causal_visible(range(5), range(2), 5, 2).astype(int).tolist() == [[0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
     assert np.array_equal(causal_visible(range(4), range(4), 4, 4), np.tril(np.ones((4, 4), bool)))
-    assert causal_kv_end(2, 5, 2) == 0 and causal_kv_end(5, 5, 2) == 2 and causal_kv_end(1, 2, 5) == 4
+    # the K/V loop of a block of queries [.., q_end) stops where its last query's keys end
+    assert masks.window_for(True) == masks.CAUSAL and masks.window_for(False) == masks.FULL
+    assert masks.kv_range(0, 2, 5, 2, masks.CAUSAL)[1] == 0 and masks.kv_range(0, 5, 5, 2, masks.CAUSAL)[1] == 2
+    assert masks.kv_range(0, 1, 2, 5, masks.CAUSAL) == (0, 4)
 
 
 def test_rows_that_see_no_key_give_zero_and_minus_inf():
@@ -80,13 +85,17 @@ def test_hbm_stats_v1_vs_v2():
 
 
 def test_registry_entries_are_complete():
+    from flash_attention_py.registry import CAPABILITIES
+
     names = [b.name for b in BACKENDS]
     assert len(names) == len(set(names))
+    assert set(names) == set(CAPABILITIES), "every capability table entry is a registry backend and vice versa"
     for b in BACKENDS:
         assert b.array in ("numpy", "torch") and b.dtypes and b.rung
-        assert ":" in b.target
+        assert b.capability.name == b.name  # its package's capability table has an entry of that name
+        assert callable(b.load_forward)
         if b.array == "numpy" and b.backward:
-            assert b.backward_target
+            assert callable(b.load_backward)
     assert get_backend("numpy-v2").unavailable_reason("cpu") is None
     assert "does not run on cuda" in get_backend("numpy-v2").unavailable_reason("cuda")
 

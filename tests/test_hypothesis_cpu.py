@@ -15,8 +15,8 @@ from flash_attention_py import (
     flash_attn_numpy_backward,
     flash_attn_torch,
     make_inputs,
+    testing,
 )
-import harness
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -35,8 +35,8 @@ def _check(out, ref, dtype, what, s=None):
     scale * sum_i dS_ij Q_i, a sum over the queries: so the bound grows with |scale| and sqrt(N). (With Nk = 1
     the exact dK is 0 and the computed one is that rounding alone.)
     """
-    max_abs, rel = harness.errors(out, ref)
-    bound = TOL[dtype] * max(1.0, float(np.abs(harness.to_f64_numpy(ref)).max(initial=0)))
+    max_abs, rel = testing.errors(out, ref)
+    bound = TOL[dtype] * max(1.0, float(np.abs(testing.to_f64_numpy(ref)).max(initial=0)))
     if s is not None:
         bound *= max(1.0, abs(s["scale"] or 1.0)) * max(1.0, np.sqrt(max(s["Nq"], s["Nk"]) / 8))
     assert max_abs <= bound, f"{what}: max-abs {max_abs:.3e}, rel-norm {rel:.3e}, bound {bound:.3e}"

@@ -16,6 +16,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABS = os.path.join(ROOT, "notebooks", "labs")
+TOOLS = os.path.join(ROOT, "tools")
 GRADE = os.path.join(LABS, "grade.py")
 FILES = {"lab1": "lab1_online_softmax.py", "lab2": "lab2_triton_inner_loop.py", "lab3": "lab3_cuda_tiled.cu",
          "lab4": "lab4_backward.py", "lab5": "lab5_tensor_cores.py"}
@@ -292,22 +293,22 @@ def test_given_code_is_the_same_in_template_and_solution(lab):
         assert _between(tpl, start, end) == _between(sol, start, end), f"{lab}: template and solution differ after {start!r}"
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(LABS, "make_lab3.py")), reason="make_lab3.py is not here")
+@pytest.mark.skipif(not os.path.isfile(os.path.join(TOOLS, "make_lab3.py")), reason="tools/make_lab3.py is not here")
 def test_lab3_template_is_generated_from_the_repository_kernel():
     """Lab 3's solution is flash_attention_cuda/kernels/tiled.cu; its template must be that file minus the
-    four bodies. After changing tiled.cu, run: python notebooks/labs/make_lab3.py"""
+    four bodies. After changing tiled.cu, run: python tools/make_lab3.py"""
     with open(TILED) as f:
         if "is not written yet" in f.read():
             pytest.skip("student release: tiled.cu is lab 3's template")
-    sys.path.insert(0, LABS)
+    sys.path.insert(0, TOOLS)
     try:
         import make_lab3
     finally:
-        sys.path.remove(LABS)
+        sys.path.remove(TOOLS)
     with open(make_lab3.SOLUTION) as f:
         expected = make_lab3.make_template(f.read())
     with open(os.path.join(LABS, FILES["lab3"])) as f:
-        assert f.read() == expected, "notebooks/labs/lab3_cuda_tiled.cu is stale: run python notebooks/labs/make_lab3.py"
+        assert f.read() == expected, "notebooks/labs/lab3_cuda_tiled.cu is stale: run python tools/make_lab3.py"
     for name in make_lab3.FUNCTIONS:
         assert f"{name} is not written yet" in expected
 

@@ -141,8 +141,8 @@ def test_only_the_four_bodies_are_taken_from_the_student_file(tmp_path):
         tmpl = f.read()
     for name, (a, b) in CL.function_bodies(tmpl).items():
         edits.append((tmpl[a:b], solved[spans[name][0]:spans[name][1]]))
-    edits.append(("    const float scale2 = scale * FA_LOG2E;\n", "    const float scale2 = scale * FA_LOG2E;\n"
-                  "    if (Nq > 0) { O[0] = 0.0f; return; }  // a sabotaged given kernel\n"))
+    given = "    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);\n"
+    edits.append((given, given + "    if (Nq > 0) { O[0] = 0.0f; return; }  // a sabotaged given kernel\n"))
     path = _variant(tmp_path, "lab3_student.cu", edits, base=TEMPLATE3)
     q, k, v = _inputs(1, 1, 20, 50, 32, seed=5)
     o, lse = CL.lab3_forward(path, q, k, v, causal=True, softmax_scale=0.3, device="cpu")
@@ -150,9 +150,10 @@ def test_only_the_four_bodies_are_taken_from_the_student_file(tmp_path):
 
 
 WRONG_MERGES = {  # name: (edit of merge_block_stats, what the hint must say)
-    "no_alpha_on_l": (("l[r] = a * l[r] + b * l_tile[r];", "l[r] = l[r] + b * l_tile[r];"), "a = fa::exp2_minus(m, m_new)"),
+    "no_alpha_on_l": (("l_i[r] = a * l_i[r] + b * l_ij[r];", "l_i[r] = l_i[r] + b * l_ij[r];"),
+                      "a = fa::exp2_minus(m_i, m_new)"),
     "no_alpha_on_acc": (("acc[r][i] = fmaf(a, acc[r][i], b * pv[r][i]);", "acc[r][i] = acc[r][i] + b * pv[r][i];"),
-                        "acc must be rescaled exactly like l"),
+                        "acc must be rescaled exactly like l_i"),
     # not a merge, but the same symptom: lanes read p_warp before the others wrote it (a race, caught here)
     "no_syncwarp": (("    __syncwarp();  // the warp's P_ij rows are in shared memory\n", ""), "__syncwarp() in between"),
 }
@@ -176,8 +177,8 @@ def test_a_wrong_merge_is_caught_with_a_numeric_hint(tmp_path, kind):
 
 @needs_cpu_emu
 def test_nan_for_rows_without_keys_gets_its_hint(tmp_path):
-    path = _variant(tmp_path, "lab3_nan.cu", [("const float a = fa::exp2_minus(m[r], m_new);",
-                                               "const float a = exp2f(m[r] - m_new);")])
+    path = _variant(tmp_path, "lab3_nan.cu", [("const float a = fa::exp2_minus(m_i[r], m_new);",
+                                               "const float a = exp2f(m_i[r] - m_new);")])
     q, k, v = _inputs(1, 1, 40, 9, 32, seed=3)
     o, lse = CL.lab3_forward(path, q, k, v, causal=True, softmax_scale=None, device="cpu")
     hints = CL.lab3_hints(o, lse, *_ref(q, k, v, True), causal=True, Nk=9)
@@ -194,17 +195,17 @@ def test_template_says_which_functions_are_not_written():
 
 @needs_cpu_emu
 def test_compile_error_points_to_the_students_line(tmp_path):
-    path = _variant(tmp_path, "lab3_typo.cu", [("l[r] = a * l[r] + b * l_tile[r];", "l[r] = a * l[r] + b * l_tle[r];")])
-    line = next(i for i, ln in enumerate(open(path), 1) if "l_tle" in ln)
+    path = _variant(tmp_path, "lab3_typo.cu", [("l_i[r] = a * l_i[r] + b * l_ij[r];", "l_i[r] = a * l_i[r] + b * l_ji[r];")])
+    line = next(i for i, ln in enumerate(open(path), 1) if "l_ji" in ln)
     q, k, v = _inputs(1, 1, 4, 4, 16, seed=0)
-    with pytest.raises(CL.StudentCodeError, match=rf"lab3_typo\.cu:{line}:.*l_tle"):
+    with pytest.raises(CL.StudentCodeError, match=rf"lab3_typo\.cu:{line}:.*l_ji"):
         CL.lab3_forward(path, q, k, v, causal=False, softmax_scale=None, device="cpu")
 
 
 @needs_cpu_emu
 def test_a_shuffle_some_lanes_skip_is_reported_not_hung(tmp_path):
-    path = _variant(tmp_path, "lab3_diverge.cu", [("l_tile[r] = fa::warp_reduce_sum(p);",
-                                                   "if (lane != 3) l_tile[r] = fa::warp_reduce_sum(p);")])
+    path = _variant(tmp_path, "lab3_diverge.cu", [("l_ij[r] = fa::warp_reduce_sum(p);",
+                                                   "if (lane != 3) l_ij[r] = fa::warp_reduce_sum(p);")])
     q, k, v = _inputs(1, 1, 4, 4, 16, seed=0)
     with pytest.raises(CL.StudentCodeError, match=r"deadlock.*lane 3 at __syncwarp"):
         CL.lab3_forward(path, q, k, v, causal=False, softmax_scale=None, device="cpu")
@@ -219,9 +220,9 @@ def test_writes_out_of_bounds_are_reported(tmp_path):
 
 
 def test_preprocessor_directives_in_a_body_are_refused(tmp_path):
-    path = _variant(tmp_path, "lab3_macro.cu", [("const float m_new = fmaxf(m[r], m_tile[r]);",
+    path = _variant(tmp_path, "lab3_macro.cu", [("const float m_new = fmaxf(m_i[r], m_ij[r]);",
                                                  "#define tiled_fwd not_the_kernel\n        const float m_new = "
-                                                 "fmaxf(m[r], m_tile[r]);")])
+                                                 "fmaxf(m_i[r], m_ij[r]);")])
     with pytest.raises(CL.StudentCodeError, match=r"lab3_macro\.cu:\d+: `#define tiled_fwd"):
         CL.splice_lab3(path)
 

@@ -15,10 +15,10 @@ import torch
 import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import harness
+import flash_attention_py.testing as harness
 from flash_attention_py import attention_reference, make_inputs
 from flash_attention_py.torch_split import flash_attn_torch
-from flash_attention_py.registry import cuda_unavailable_reason
+from flash_attention_cuda.capabilities import cuda_unavailable_reason
 
 try:  # the CUDA ops' fake tests need neither triton nor a GPU
     from flash_attention_triton import attention as TA
@@ -212,6 +212,19 @@ def test_cuda_fake_shapes(dtype, Nq, Nk, D):
     _check_fake(torch.ops.fa_ladder.cuda_fwd, torch.ops.fa_ladder.cuda_bwd, (kernel,), "cuda", dtype, Nq, Nk, D)
 
 
+def test_cuda_ops_run_and_differentiate_without_a_gpu(recorded_launches):
+    """cuda_fwd runs the forward launch and its autograd runs cuda_bwd's three launches (a recording runtime
+    stands in for the GPU: kernels are recorded, not run); lse is not differentiable."""
+    _cuda_ops()
+    x = make_inputs(1, 2, 33, 70, 64, dtype="float16", kind="torch", with_grad=True)
+    o, lse = torch.ops.fa_ladder.cuda_fwd(x["q"], x["k"], x["v"], True, 0.3, "mma")
+    o.backward(x["do"])
+    assert [c[0].name.split("<")[0] for c in recorded_launches] == ["mma_fwd", "mma_bwd_preprocess", "mma_bwd_dkdv",
+                                                                    "mma_bwd_dq"]
+    assert all(x[n].grad.shape == x[n].shape and x[n].grad.dtype == torch.float16 for n in ("q", "k", "v"))
+    assert o.requires_grad and not lse.requires_grad
+
+
 # ------------------------------------------------------------------ GPU: inductor, fullgraph, opcheck
 GPU_BACKENDS = [  # (name, attention callable, dtype)
     ("triton-fp16", lambda q, k, v: flash_attn_triton(q, k, v, causal=True), torch.float16),
@@ -243,9 +256,9 @@ def test_gpu_inductor_fullgraph(name, attn, dtype):
     model = TinyAttention(attn, E=E, H=2, dtype=dtype, device="cuda")
     x = torch.randn(2, 256, E, dtype=dtype, device="cuda")
     if name.startswith("cuda"):  # compile before any eager call has cached the device's compute capability
-        import flash_attention_cuda.launcher as launcher
+        from flash_attention_cuda import runtime
 
-        launcher._CC.clear()
+        runtime._CC.clear()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
     tol = 1e-3 if dtype == torch.float32 else 3e-2

@@ -1,7 +1,7 @@
 """The backends inside a real model: a tiny, randomly initialised Llama through transformers' attention interface.
 
 The model is built from a config (GQA: 4 query heads, 2 K/V heads; causal; no download, HF_HUB_OFFLINE=1).
-Tolerance policy (tests/harness.py): the reference is the same model in float64 with ``sdpa``; a backend's
+Tolerance policy (flash_attention_py/testing.py): the reference is the same model in float64 with ``sdpa``; a backend's
 max-abs error on the logits and on every parameter's gradient after one training step's backward must be at
 most 2x the error of the yardstick (transformers' own ``sdpa`` and ``eager``, the naive softmax(QK^T)V, in the
 same dtype on the same device, whichever is larger) plus the dtype's floor.
@@ -17,12 +17,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import harness  # noqa: E402
+from flash_attention_py import testing  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
 from flash_attention_py.hf_attention import HF_BACKENDS, register_hf_backends  # noqa: E402
-from flash_attention_py.registry import cuda_unavailable_reason, get_backend  # noqa: E402
+from flash_attention_cuda.capabilities import cuda_unavailable_reason  # noqa: E402
+from flash_attention_py.registry import get_backend  # noqa: E402
 
 NAMES = register_hf_backends()
 HAS_CUDA = torch.cuda.is_available()
@@ -55,13 +56,13 @@ def check_model(name, dtype, device, *, head_dim=16, B=2, N=20, layers=2):
     dt = str(dtype).replace("torch.", "")
 
     def worst_naive(pick):
-        return max((harness.errors(pick(y), pick(ref))[0] for y in yard))
+        return max((testing.errors(pick(y), pick(ref))[0] for y in yard))
 
-    floor = harness.FLOOR[dt]
+    floor = testing.FLOOR[dt]
     for what, pick in [("logits", lambda r: r[0])] + [(f"grad {p}", (lambda p: lambda r: r[1][p])(p)) for p in ref[1]]:
-        max_abs, rel = harness.errors(pick(got), pick(ref))
+        max_abs, rel = testing.errors(pick(got), pick(ref))
         naive = worst_naive(pick)
-        harness.record(f"hf-{name.removeprefix('fa_ladder_')}", device, dt, "logit" if what == "logits" else "grad",
+        testing.record(f"hf-{name.removeprefix('fa_ladder_')}", device, dt, "logit" if what == "logits" else "grad",
                        max_abs, rel, naive)
         bound = 2 * naive + floor
         assert max_abs <= bound, (f"{name} {dt} {what}: max-abs {max_abs:.3e} (rel {rel:.2e}) > 2 x sdpa/eager "

@@ -7,9 +7,11 @@ because this process's kernels were decorated for the interpreter.
 
 CI compiles a representative set per target (``REPRESENTATIVE`` below: the largest tiles the
 autotuner may pick at D = 128, the fixed small-problem configs at D = 256 in fp32 (the most shared
-memory), D = 16 (the smallest dot) and a padded D = 40). Every variant:
-``python -m flash_attention_triton.aot --full --jobs 16`` (run on the GPU machine, see docs/results/triton).
+memory), D = 16 (the smallest dot), a padded D = 40, and on sm_90 a window bounded on both sides with
+grouped-query attention and dropout).
+Every variant: ``python tools/triton_aot.py --full --jobs 16`` (see docs/results/triton).
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,19 +22,28 @@ import pytest
 pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "triton_aot.py")
 
 SCRIPT = r"""
-import json, sys
-from flash_attention_triton import aot
-out = [aot.compile_variant(*v) for v in aot.representative_variants()]
+import json, runpy, sys
+aot = runpy.run_path(sys.argv[1])
+out = [aot["compile_variant"](*v) for v in aot["representative_variants"]()]
 print("RESULT " + json.dumps(out))
 """
+
+
+def load_tool():
+    """tools/triton_aot.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("triton_aot", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
 def compiled():
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, TOOL], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, f"ahead-of-time compilation failed:\n{proc.stderr[-4000:]}"
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -40,7 +51,7 @@ def compiled():
 
 
 def test_every_representative_variant_compiles_and_fits(compiled):
-    from flash_attention_triton import aot
+    aot = load_tool()
 
     assert len(compiled) == len(aot.representative_variants())
     archs = {r["arch"] for r in compiled}
@@ -49,6 +60,11 @@ def test_every_representative_variant_compiles_and_fits(compiled):
     assert not too_big, f"over the shared-memory limit: {too_big}"
     for kernel in ("fwd", "dkdv", "dq", "pre"):
         assert any(r["kernel"] == kernel for r in compiled), kernel
+    for kernel in ("fwd", "dkdv", "dq"):  # the three-stage loops (a window bounded on both sides) compile too
+        assert any(r["kernel"] == kernel and min(r["window"]) >= 0 for r in compiled), kernel
+        for extra in ("gqa", "dropout"):  # grouped-query attention and dropout build for sm_90 too
+            assert any(r["kernel"] == kernel and r["arch"] == 90 and extra in r["extra"] for r in compiled), (kernel,
+                                                                                                          extra)
 
 
 def test_smem_estimate_bounds_the_compiler(compiled):

@@ -7,16 +7,20 @@ output into NaN and fails the test, on the CPU and on the GPU alike.
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
+from flash_attention_py import attention_reference, attention_reference_grads, make_inputs, masks
 
 triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from flash_attention_triton import attention as A  # noqa: E402
 from flash_attention_triton import configs as C  # noqa: E402
 from flash_attention_triton import flash_attn_triton  # noqa: E402
+from flash_attention_triton import launch as L  # noqa: E402
+from flash_attention_triton import masks as TM  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not A.INTERPRETED:
@@ -73,43 +77,114 @@ CONFIGS = [
 ]
 
 
+def reference_for_window(x, window, scale):
+    """(o, lse, (dq, dk, dv)) in float64 for a (left, right) window: the reference's own masked attention."""
+    from flash_attention_py.reference import _naive_torch
+
+    if window in (masks.FULL, masks.CAUSAL):
+        causal = window == masks.CAUSAL
+        o, lse = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale, return_lse=True)
+        return o, lse, attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal, softmax_scale=scale)
+    q, k, v = (x[n].detach().double().requires_grad_(True) for n in ("q", "k", "v"))
+    with torch.enable_grad():
+        o, lse = _naive_torch(q, k, v, scale, window=window)
+        o.backward(x["do"].double())
+    return o.detach(), lse.detach(), (q.grad, k.grad, v.grad)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["Br16Bc64", "Br32Bc16"])
-def test_block_arithmetic_any_config(cfg):
-    """Causal skip/diagonal/tail ranges are right for unequal blocks and Nq != Nk (both ways)."""
+@pytest.mark.parametrize("window", [masks.FULL, masks.CAUSAL, pytest.param((5, 0), marks=pytest.mark.slow),
+                                    pytest.param((3, 7), marks=pytest.mark.slow)], ids=["full", "causal", "w5_0", "w3_7"])
+def test_block_arithmetic_any_config(cfg, window):
+    """Skipped/partial/full block ranges are right for unequal blocks, Nq != Nk (both ways) and windows
+    bounded on either side, through the launchers (the public window_size: tests/test_triton_variants.py)."""
     scale = 0.125
     for Nq, Nk in ((50, 23), (23, 50)):
         x = make_inputs(1, 1, Nq, Nk, 32, dtype="float32", device=DEVICE)
-        for causal in (False, True):
-            o, lse = A._forward(x["q"], x["k"], x["v"], causal, scale, config=cfg["fwd"])
-            o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
-                                                 return_lse=True)
-            assert_matches(o, o_ref, TOL["float32"], f"o {Nq}x{Nk} causal={causal}")
-            assert_matches(lse, lse_ref, TOL["float32"], f"lse {Nq}x{Nk} causal={causal}")
-            grads = A._backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal, scale,
-                                configs={"dkdv": cfg["dkdv"], "dq": cfg["dq"]})
-            grads_ref = attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal, softmax_scale=scale)
-            for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
-                assert_matches(g, g_ref, 4 * TOL["float32"], f"{name} {Nq}x{Nk} causal={causal}")
+        o_ref, lse_ref, grads_ref = reference_for_window(x, window, scale)
+        o, lse = L._forward(x["q"], x["k"], x["v"], window, scale, config=cfg["fwd"])
+        assert_matches(o, o_ref, TOL["float32"], f"o {Nq}x{Nk} window={window}")
+        assert_matches(lse, lse_ref, TOL["float32"], f"lse {Nq}x{Nk} window={window}")
+        grads = L._backward(x["q"], x["k"], x["v"], o, lse, x["do"], window, scale,
+                            configs={"dkdv": cfg["dkdv"], "dq": cfg["dq"]})
+        for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+            assert_matches(g, g_ref, 4 * TOL["float32"], f"{name} {Nq}x{Nk} window={window}")
 
 
-@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.7])
-def test_softmax_scale_any_sign(scale):
-    """Negative scales take the rowmin path of the unmasked loop; 0 gives the mean of V."""
-    x = make_inputs(1, 1, 40, 70, 16, dtype="float32", device=DEVICE)
-    for causal in (False, True):
-        o, lse = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale, return_lse=True)
-        o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
-                                             return_lse=True)
-        assert_matches(o, o_ref, TOL["float32"], f"o scale={scale}")
-        assert_matches(lse, lse_ref, TOL["float32"], f"lse scale={scale}")
+@triton.jit
+def _mask_probe(VIS, RANGES, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Program p: the ranges of query block p and of key block p (12 ints); program 0 also the visible tile."""
+    pid = tl.program_id(0)
+    q_start = pid * BLOCK_M
+    k_start = pid * BLOCK_N
+    kv_lo, kv_hi = TM.kv_range(q_start, q_start + BLOCK_M, Nq, Nk, LEFT, RIGHT)
+    kv0, kv1, kv2, kv3 = TM.kv_blocks(q_start, Nq, Nk, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    q_lo, q_hi = TM.q_range(k_start, k_start + BLOCK_N, Nq, Nk, LEFT, RIGHT)
+    q0, q1, q2, q3 = TM.q_blocks(k_start, Nq, Nk, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    found = (kv_lo, kv_hi, kv0, kv1, kv2, kv3, q_lo, q_hi, q0, q1, q2, q3)
+    for i in tl.static_range(12):
+        tl.store(RANGES + pid * 12 + i, found[i])
+    if pid == 0:
+        offs_m = tl.arange(0, ROWS)
+        offs_n = tl.arange(0, COLS)
+        seen = TM.visible(offs_m[:, None], offs_n[None, :], Nq, Nk, LEFT, RIGHT)
+        tl.store(VIS + offs_m[:, None] * COLS + offs_n[None, :], seen.to(tl.int32))
+
+
+def _check_stages(stages, block, n_blocks_end, kinds, what):
+    """stages = (start, full_start, full_end, end) of one loop over blocks of ``block`` rows of [0, n_blocks_end);
+    kinds = {block start: masks.block_kind}. The unmasked stage must hold exactly the full blocks that lie
+    whole inside the bounds, the two masked stages the other non-empty blocks."""
+    start, full_start, full_end, end = stages
+    partial = set(range(start, full_start, block)) | set(range(full_end, end, block))
+    full = set(range(full_start, full_end, block))
+    nonempty = {b for b, kind in kinds.items() if kind != "empty"}
+    full_whole = {b for b, kind in kinds.items() if kind == "full" and b + block <= n_blocks_end}
+    assert full == full_whole, f"{what}: unmasked blocks {sorted(full)}, expected {sorted(full_whole)} ({stages})"
+    assert not partial & full and partial | full == nonempty, \
+        f"{what}: visited {sorted(partial | full)}, expected the non-empty blocks {sorted(nonempty)} ({stages})"
+
+
+@pytest.mark.parametrize("n_random", [4, pytest.param(40, marks=pytest.mark.slow)])
+def test_triton_mask_helpers_match_python_masks(n_random):
+    """flash_attention_triton.masks (run as a kernel) gives what flash_attention_py.masks gives: the visible
+    tile, kv_range and q_range of every block, and loop stages that visit exactly the non-empty blocks with
+    no mask on exactly the full ones (whole blocks inside the bounds). Random sizes, windows and blocks."""
+    rng = np.random.default_rng()
+    ROWS = COLS = 128
+    cases = [(70, 20, masks.CAUSAL, 16, 32), (20, 70, masks.CAUSAL, 32, 16), (33, 33, (0, 0), 16, 16)]
+    for _ in range(n_random):
+        Nq, Nk = (int(n) for n in rng.integers(1, 100, size=2))
+        window = tuple(int(w) for w in rng.choice([-1, 0, 1, 6, 19, 45], size=2))
+        cases.append((Nq, Nk, window, int(rng.choice([16, 32])), int(rng.choice([16, 32]))))
+    for Nq, Nk, window, BM, BN in cases:
+        what = f"Nq={Nq} Nk={Nk} window={window} Br={BM} Bc={BN}"
+        programs = max(triton.cdiv(Nq, BM), triton.cdiv(Nk, BN))
+        ranges = torch.zeros(programs * 12, dtype=torch.int32, device=DEVICE)
+        vis = torch.zeros(ROWS * COLS, dtype=torch.int32, device=DEVICE)
+        _mask_probe[(programs,)](vis, ranges, Nq, Nk, window[0], window[1], BM, BN, ROWS, COLS)
+        want = masks.visible(np.arange(ROWS), np.arange(COLS), Nq, Nk, window)
+        assert np.array_equal(vis.view(ROWS, COLS).cpu().numpy().astype(bool), want), f"visible: {what}"
+        for p, r in enumerate(ranges.view(programs, 12).tolist()):
+            q_start, k_start = p * BM, p * BN
+            if q_start < Nq:
+                assert tuple(r[0:2]) == masks.kv_range(q_start, q_start + BM, Nq, Nk, window), f"kv_range {p}: {what}"
+                kinds = {b: masks.block_kind(q_start, q_start + BM, b, b + BN, Nq, Nk, window) for b in range(0, Nk, BN)}
+                _check_stages(r[2:6], BN, Nk, kinds, f"kv_blocks of query block {p}: {what}")
+            if k_start < Nk:
+                assert tuple(r[6:8]) == masks.q_range(k_start, k_start + BN, Nq, Nk, window), f"q_range {p}: {what}"
+                kinds = {b: masks.block_kind(b, b + BM, k_start, k_start + BN, Nq, Nk, window) for b in range(0, Nq, BM)}
+                _check_stages(r[8:12], BM, Nq, kinds, f"q_blocks of key block {p}: {what}")
 
 
 def test_rows_that_see_no_key():
-    """Causal with Nq > Nk: the first Nq - Nk rows give O = 0, lse = -inf and zero dq, never NaN."""
+    """Causal with Nq > Nk: the rows that see no key give O = 0, lse = -inf and zero dq, never NaN."""
     Nq, Nk = 70, 20
     x = make_inputs(1, 1, Nq, Nk, 16, dtype="float32", device=DEVICE)
     o, lse, dq, dk, dv = fwd_bwd(x["q"], x["k"], x["v"], x["do"], True)
-    blind = Nq - Nk
+    blind = masks.q_range(0, Nk, Nq, Nk, masks.CAUSAL)[0]  # the first query that sees a key
+    assert blind == 50
     assert torch.all(o[:, :, :blind] == 0)
     assert torch.all(torch.isneginf(lse[:, :, :blind]))
     assert torch.isfinite(lse[:, :, blind:]).all()
@@ -169,23 +244,23 @@ def test_gpu_autotuned_path(dtype, D):
 
 
 def test_length_bucket():
-    assert [A.length_bucket(n) for n in (1, 1000, 1024, 1025, 1100, 2048, 3000)] == [1, 1024, 1024, 2048, 2048, 2048, 4096]
+    assert [L.length_bucket(n) for n in (1, 1000, 1024, 1025, 1100, 2048, 3000)] == [1, 1024, 1024, 2048, 2048, 2048, 4096]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: the autotuner runs on a GPU")
 def test_gpu_new_length_in_a_tuned_bucket_does_not_tune_again():
     """Autotuning is keyed on power-of-two buckets of Nq and Nk: 1100 tunes, 1500 (same bucket) reuses it."""
     D, causal = 64, False
-    tuner = A._TUNED["fwd"]
+    tuner = L._TUNED["fwd"]
     x = make_inputs(1, 2, 1100, 1100, D, dtype="float16", device="cuda")
     flash_attn_triton(x["q"], x["k"], x["v"], causal=causal)
     tuned = len(tuner.cache)
-    plans = len(A._PLAN)
+    plans = len(L._PLAN)
     x = make_inputs(1, 2, 1500, 1500, D, dtype="float16", device="cuda")
     o = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal)
     torch.cuda.synchronize()
     assert len(tuner.cache) == tuned, "a new length in a tuned bucket ran the autotuner again"
-    assert len(A._PLAN) == plans
+    assert len(L._PLAN) == plans
     ref = attention_reference(x["q"], x["k"], x["v"], causal=causal)
     assert_matches(o, ref, TOL["float16"], "o at N=1500 with the bucket's config")
 

@@ -74,7 +74,8 @@ def main(argv=None):
 
     from benchmarks.measure import peak_memory
     from flash_attention_py.hf_attention import register_hf_backends
-    from flash_attention_py.registry import cuda_unavailable_reason, get_backend
+    from flash_attention_cuda.capabilities import cuda_unavailable_reason
+    from flash_attention_py.registry import get_backend
 
     register_hf_backends()
     sizes = dict(zip(("batch_size", "seq_len", "layers", "heads", "kv_heads", "head_dim"),

@@ -4,8 +4,8 @@
 // (through CuPy, at run time) and under nvcc (the compile test, `nvcc -cubin`).
 //
 // Layout everywhere: q (B, H, Nq, D), k and v (B, H, Nk, D), o (B, H, Nq, D), all contiguous;
-// lse (B, H, Nq) float32, natural log. Causal masking is aligned to the bottom-right corner:
-// query i sees key j iff j <= i + Nk - Nq (a row that sees no key gives O = 0, lse = -inf).
+// lse (B, H, Nq) float32, natural log. Which keys a query sees is masks.cuh's rule (fa::Mask); a row that
+// sees no key gives O = 0, lse = -inf.
 #pragma once
 
 #define FA_NEG_INF (__int_as_float(0xff800000))
@@ -32,7 +32,7 @@ __device__ __forceinline__ float row_lse(float m2, float l) {  // m2: the row ma
     return l == 0.0f ? FA_NEG_INF : (m2 == FA_POS_INF ? FA_POS_INF : (m2 + log2f(l)) * FA_LN2);
 }
 
-// The backward's lse in log2 units for P = exp2(S * scale2 - lse2): a row with a +inf score (lse = +inf) has
+// The backward's lse in log2 units for P = exp2(S * scale_log2 - lse2): a row with a +inf score (lse = +inf) has
 // P = NaN everywhere, as in the reference (softmax of a row holding +inf is NaN), so lse2 = NaN there.
 __device__ __forceinline__ float lse2_backward(float lse) {
     return lse == FA_POS_INF ? FA_NAN : lse * FA_LOG2E;
@@ -48,18 +48,6 @@ __device__ __forceinline__ float warp_reduce_sum(float x) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
     return x;
-}
-
-// Is key j visible to query i?  Causal: j <= i + (Nk - Nq).  Always: j < Nk.
-__device__ __forceinline__ bool visible(int i, int j, int Nk, int causal_offset, bool causal) {
-    return j < Nk && (!causal || j <= i + causal_offset);
-}
-
-// One past the last key that queries [.., q_end) can see (the K/V loop stops there).
-__device__ __forceinline__ int kv_end_for(int q_end, int Nq, int Nk, bool causal) {
-    if (!causal) return Nk;
-    int e = q_end + (Nk - Nq);
-    return e < 0 ? 0 : (e > Nk ? Nk : e);
 }
 
 }  // namespace fa

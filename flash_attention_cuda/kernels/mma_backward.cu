@@ -1,117 +1,132 @@
 // mma_backward.cu -- the backward pass on tensor cores (mma.sync m16n8k16), fp16 or bf16 in, fp32 accumulate.
 //
-// The recompute backward of algorithm.md section 8 (FlashAttention-2, Algorithm 2), from the forward's lse:
-//   P_ij  = exp(S_ij - lse_i)            S_ij = scale * Qi Kj^T, recomputed tile by tile
+// The recompute backward of algorithm.md section 8 (FlashAttention-2, Algorithm 2), from the forward's lse;
+// softmax_scale = scale_log2 * ln 2:
+//   S_ij  = Q_i K_j^T                    recomputed tile by tile
+//   P_ij  = exp(softmax_scale * S_ij - lse_i)
 //   dV_j += P_ij^T dO_i
-//   dP_ij = dO_i Vj^T
-//   dS_ij = P_ij o (dP_ij - Delta_i)     Delta_i = rowsum(dO_i o O_i)   (mma_bwd_preprocess)
-//   dK_j += scale * dS_ij^T Qi           (mma_bwd_dkdv: one block per K/V tile, loop over the Q tiles)
-//   dQ_i += scale * dS_ij Kj             (mma_bwd_dq:   one block per Q tile, loop over the K/V tiles)
+//   dP_ij = dO_i V_j^T
+//   dS_ij = P_ij o (dP_ij - Delta_i)     Delta_i (D_i) = rowsum(dO_i o O_i)   (mma_bwd_preprocess)
+//   dK_j += softmax_scale * dS_ij^T Q_i  (mma_bwd_dkdv: one block per K/V tile of Bc keys, loop over Q tiles)
+//   dQ_i += softmax_scale * dS_ij K_j    (mma_bwd_dq:   one block per Q tile of Br queries, loop over K/V tiles)
 // Two kernels instead of atomic adds into dQ: every output tile belongs to one block, so the gradients are
 // deterministic; the price is recomputing S and dP in both (7 matrix products per tile pair instead of 5).
+// The mask (masks.cuh, window (left, right)): each block loops only over the tiles that hold a pair the mask
+// shows, and the elementwise mask runs only on the warps' blocks that the mask does not call full.
+// Grouped-query attention (Hq = group * Hk query heads read Hk K/V heads; query head bh = b Hq + h reads K/V
+// head bh / group = b Hk + h / group): mma_bwd_dq reads K/V head bh / group; mma_bwd_dkdv runs one block per
+// (K/V tile, b, K/V head) and loops over the group's query heads inside, summing dK_j and dV_j in registers (no
+// atomics, no copy of K/V). Dropout (template flag DROPOUT; Z the keep mask, regenerated from the seed per
+// element, frag::Dropout; Delta_i = rowsum(dO_i o O_i) of the dropped-out O, as above):
+//   dV_j += (P_ij o Z_ij / (1 - p))^T dO_i,   dS_ij = P_ij o (dP_ij o Z_ij / (1 - p) - Delta_i)
 //
-// Every product is a warp-level mma.sync on 16 rows of the warp (the same fragments as mma.cu):
+// Every product is a warp-level mma.sync on the warp's 16 rows, from fragments.cuh (as in mma.cu):
 //   mma_abt: acc (16 x 8NT) += A (16 x D, rows of a shared tile) * B^T (rows of another shared tile)
-//            -- ldmatrix on both, e.g. S^T = K_w Q_i^T, dP^T = V_w dO_i^T, S = Q_w K_j^T, dP = dO_w V_j^T
-//   mma_pb:  acc (16 x D) += P (16 x 16KS, A fragments in registers) * B (rows of a shared tile)
-//            -- ldmatrix.trans on B, e.g. dV += P^T dO, dK += dS^T Q, dQ += dS K
-// The fp32 accumulators of one product are repacked to 16 bits as the A operand of the next (P^T, dS^T),
-// as in the forward. Scores use log2 units: P = exp2(S * scale * log2 e - lse * log2 e).
+//            -- ldmatrix on both: S^T = K_w Q_i^T, dP^T = V_w dO_i^T, S = Q_w K_j^T, dP = dO_w V_j^T
+//   mma_ab:  acc (16 x D) += A (16 x 16KS, fragments in registers) * B (rows of a shared tile)
+//            -- ldmatrix.trans on B: dV += P^T dO, dK += dS^T Q, dQ += dS K
+// The fp32 accumulators of one product are repacked (pack_a) to 16 bits as the A operand of the next
+// (P^T, dS^T, dS), as in the forward. Scores use log2 units: P = exp2(S * scale_log2 - lse * log2 e).
+// A negative softmax_scale needs no special case: with no row max to take (lse comes from the forward), the
+// signed scale_log2 multiplies the fp32 scores as it is (see frag::score_scale in fragments.cuh).
 #include "common.cuh"
+#include "fragments.cuh"
+#include "masks.cuh"
 #include "ptx.cuh"
 #include "smem_tiles.cuh"
 
 namespace mma_bwd_detail {
 
-using namespace ptx;
-using namespace tiles;
-
-// acc (16 x 8 NT) += A (rows a_row0 .. a_row0 + 15 of tile sA) * B^T (rows b_row0 .. b_row0 + 8 NT - 1 of sB);
-// both tiles (rows, D) 16-bit, swizzled; the sum runs over D.
-template <int D, int NT, bool BF16>
-__device__ __forceinline__ void mma_abt(float (&acc)[NT][4], unsigned sA, int a_row0, unsigned sB, int b_row0) {
-    const int lane = threadIdx.x % 32;
-    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned a[4];
-        ldmatrix_x4(a, sA + swz<D>(a_row0 + a_row, kk * 2 + a_chunk));
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {  // two n8 tiles per ldmatrix.x4
-            unsigned b[4];
-            ldmatrix_x4(b, sB + swz<D>(b_row0 + np * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1)));
-            mma_16816<BF16>(acc[2 * np], a, b[0], b[1]);
-            mma_16816<BF16>(acc[2 * np + 1], a, b[2], b[3]);
-        }
-    }
-}
-
-// acc (16 x D) += P (16 x 16 KS, A fragments) * B (rows b_row0 .. b_row0 + 16 KS - 1 of tile sB: k = row, n = d)
-template <int D, int KS, bool BF16>
-__device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const unsigned (&pf)[KS][4], unsigned sB,
-                                       int b_row0) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            unsigned b[4];
-            ldmatrix_x4_trans(b, sB + swz<D>(b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dp * 2 + (lane >> 4)));
-            mma_16816<BF16>(acc[2 * dp], pf[kk], b[0], b[1]);
-            mma_16816<BF16>(acc[2 * dp + 1], pf[kk], b[2], b[3]);
-        }
-    }
-}
-
-// fp32 accumulators (16 x 8 NT) -> A fragments (16 x 16 per k-step) in fp16/bf16
-template <int NT, bool BF16>
-__device__ __forceinline__ void pack_frags(unsigned (&pf)[NT / 2][4], const float (&x)[NT][4]) {
-#pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) {
-        pf[kk][0] = pack2<BF16>(x[2 * kk][0], x[2 * kk][1]);          // row g,     cols 2t, 2t+1
-        pf[kk][1] = pack2<BF16>(x[2 * kk][2], x[2 * kk][3]);          // row g + 8, cols 2t, 2t+1
-        pf[kk][2] = pack2<BF16>(x[2 * kk + 1][0], x[2 * kk + 1][1]);  // row g,     cols 2t+8, 2t+9
-        pf[kk][3] = pack2<BF16>(x[2 * kk + 1][2], x[2 * kk + 1][3]);  // row g + 8, cols 2t+8, 2t+9
-    }
-}
-
-template <int N>
-__device__ __forceinline__ void zero(float (&x)[N][4]) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
-}
+using namespace frag;  // zero, mma_abt, mma_ab, pack_a, store_rows, acc_row, acc_col, stream_loop (fragments.cuh)
 
 // lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0;
 // a row with a +inf score (lse = +inf) gets NaN, so its P is NaN, as in the reference
 __device__ __forceinline__ float lse2_of(float lse) {
-    return lse == FA_NEG_INF ? -FA_NEG_INF : fa::lse2_backward(lse);
+    return lse == FA_NEG_INF ? FA_POS_INF : fa::lse2_backward(lse);
 }
 
-// rows [row0, row0 + ROWS) of lse and Delta into shared memory (rows >= N: lse2 = +inf, Delta = 0)
+// lse in log2 units and Delta of query `row`; rows >= Nq get (+inf, 0), so their P and dS are 0
+__device__ __forceinline__ void query_row(float& lse2, float& delta_i, const float* lse, const float* delta, int row,
+                                          int Nq) {
+    const bool in = row < Nq;
+    lse2 = in ? lse2_of(lse[row]) : FA_POS_INF;
+    delta_i = in ? delta[row] : 0.0f;
+}
+
+// queries [row0, row0 + ROWS): lse in log2 units and Delta into shared memory
 template <int ROWS>
 __device__ __forceinline__ void load_rows(float* sL, float* sDl, const float* lse, const float* delta, int row0,
-                                          int N) {
-    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
-        const bool in = row0 + r < N;
-        sL[r] = in ? lse2_of(lse[row0 + r]) : -FA_NEG_INF;
-        sDl[r] = in ? delta[row0 + r] : 0.0f;
-    }
+                                          int Nq) {
+    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) query_row(sL[r], sDl[r], lse, delta, row0 + r, Nq);
 }
 
-// a warp's 16 x D fp32 accumulator -> rows row0 + g (+ 8) of a (N, D) 16-bit matrix, times `mul`
-template <int D, bool BF16>
-__device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[D / 8][4], int row0, int N,
-                                           float mul) {
-    const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+// The warp's 16 x 8NT blocks of P_ij and dS_ij, recomputed (KEY_ROWS: of P_ij^T and dS_ij^T, whose rows are
+// keys and columns queries: the dK/dV kernel):
+//   S  = A B^T, A = rows w_row .. w_row + 15 of tile s_a, B = tile s_b   (S_ij = Q_w K_j^T, or S_ij^T = K_w Q_i^T)
+//   dP = A B^T, A = the same rows of tile dp_a, B = tile dp_b          (dP_ij = dO_w V_j^T, or dP_ij^T = V_w dO_i^T)
+//   P_ij  = exp2(S_ij * scale_log2 - lse2_i)       (= exp(softmax_scale * S_ij - lse_i))
+//   dS_ij = P_ij o (dP_ij - Delta_i)
+// and P_ij = dS_ij = 0 on the pairs the mask hides (0, not 0 * NaN: a hidden pair gets no gradient from a NaN
+// row), checked pair by pair only where the mask does not call the warp's block full, and on the last key tile
+// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf).
+// lse2 / delta: the queries' values, indexed by the fragment column (KEY_ROWS: shared, one per query of the
+// tile) or by h = e / 2 (the thread's two query rows g, g + 8, in registers). row0 / col0: the global index of
+// the block's row 0 / column 0.
+// DROPOUT: P_ij comes back as P_ij o Z_ij / (1 - p) (what dV needs), and dS_ij = P_ij o (dP_ij o Z_ij / (1 - p)
+// - Delta_i), Z_ij drawn from `drop` (whose query head is the tile's).
+template <bool KEY_ROWS, bool DROPOUT, int D, int NT, bool BF16>
+__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], unsigned s_a, unsigned s_b,
+                                         unsigned dp_a, unsigned dp_b, int w_row, const float* lse2,
+                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                         int col0, const Dropout& drop) {
+    zero(P_ij);
+    zero(dS_ij);
+    mma_abt<D, NT, BF16>(P_ij, s_a, w_row, s_b, 0);    // S_ij first
+    mma_abt<D, NT, BF16>(dS_ij, dp_a, w_row, dp_b, 0);  // dP_ij first
+    const int q0 = KEY_ROWS ? col0 : row0, q1 = q0 + (KEY_ROWS ? 8 * NT : 16);
+    const int k0 = KEY_ROWS ? row0 : col0, k1 = k0 + (KEY_ROWS ? 16 : 8 * NT);
+    const bool check = mask.needs_mask(q0, q1, k0, k1);
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        if (row0 + g < N)
-            *reinterpret_cast<unsigned*>(out + (long long)(row0 + g) * D + n * 8 + 2 * t) =
-                pack2<BF16>(acc[n][0] * mul, acc[n][1] * mul);
-        if (row0 + g + 8 < N)
-            *reinterpret_cast<unsigned*>(out + (long long)(row0 + g + 8) * D + n * 8 + 2 * t) =
-                pack2<BF16>(acc[n][2] * mul, acc[n][3] * mul);
-    }
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
+            float z = 1.0f;  // Z_ij / (1 - p)
+            if constexpr (DROPOUT) z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);
+            const float dS = P * (DROPOUT ? dS_ij[n][e] * z - delta[slot] : dS_ij[n][e] - delta[slot]);  // dP_ij
+            const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
+            P_ij[n][e] = hidden ? 0.0f : (DROPOUT ? P * z : P);
+            dS_ij[n][e] = hidden ? 0.0f : dS;
+        }
+}
+
+// The tiles to visit: `count` tiles from tile `first` on
+struct TileSpan {
+    int first, count;
+};
+// the K/V tiles of Bc keys that hold every key a query of [q0, q1) sees (masks.cuh)
+__device__ __forceinline__ TileSpan kv_tiles(const fa::Mask& mask, int q0, int q1, int Bc) {
+    const int first = mask.kv_tile_begin(q0, Bc);
+    return TileSpan{first, mask.kv_tile_end(q0, q1, Bc) - first};
+}
+// the Q tiles of Br queries that hold every query seeing a key of [k0, k1)
+__device__ __forceinline__ TileSpan q_tiles(const fa::Mask& mask, int k0, int k1, int Br) {
+    const int begin = mask.q_begin(k0), end = mask.q_end(k1);
+    return end > begin ? TileSpan{begin / Br, (end + Br - 1) / Br - begin / Br} : TileSpan{0, 0};
+}
+
+// Shared memory of both kernels: (rows, D) 16-bit swizzled tiles, two that stay for the whole loop (STAY rows
+// each), then two streamed through two buffers each (STREAM rows each, buffer b at + b * STREAM_BYTES).
+template <int D, int STAY, int STREAM>
+struct Smem {
+    static constexpr unsigned STREAM_BYTES = STREAM * D * 2, BYTES = 2 * STAY * D * 2 + 4 * STREAM_BYTES;
+    unsigned stay0, stay1, stream0, stream1;  // shared-window addresses
+};
+template <int D, int STAY, int STREAM>
+__device__ __forceinline__ Smem<D, STAY, STREAM> smem_layout(unsigned char* smem) {
+    const unsigned base = smem_u32(smem), stream0 = base + 2 * STAY * D * 2;
+    return {base, base + STAY * D * 2, stream0, stream0 + 2 * Smem<D, STAY, STREAM>::STREAM_BYTES};
 }
 
 }  // namespace mma_bwd_detail
@@ -130,193 +145,137 @@ __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const u
     if (threadIdx.x % 32 == 0) Delta[r] = acc;
 }
 
-// dK, dV for one tile of BC = 16 NWARPS keys (warp w: keys 16w .. 16w + 15), looping over tiles of BR queries.
-template <int D, int NWARPS, int BR, bool BF16>
+// dK_j, dV_j for one tile of Bc = 16 NWARPS keys (warp w: keys 16w .. 16w + 15) of K/V head blockIdx.y
+// (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g,
+// g = 0 .. group - 1, and for each over the tiles of Br queries that see any of the keys: queries
+// [mask.q_begin(k0), mask.q_end(k0 + Bc)). GQA = false (group must be 1) compiles the one-head kernel: the loop
+// over the group keeps ~10 more registers live, which at D = 64 costs a block per SM.
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
 __global__ void __launch_bounds__(NWARPS * 32)
     mma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                  const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
-                 unsigned short* __restrict__ dV, int Nq, int Nk, float scale, int causal) {
+                 unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
+                 int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
     using namespace mma_bwd_detail;
-    constexpr int BC = 16 * NWARPS, NT = NWARPS * 32;
-    constexpr unsigned Q_BYTES = BR * D * 2;
+    constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
     extern __shared__ __align__(128) unsigned char smem[];
-    const unsigned sK = smem_u32(smem);      // (BC, D)
-    const unsigned sV = sK + BC * D * 2;     // (BC, D)
-    const unsigned sQ = sV + BC * D * 2;     // 2 x (BR, D)
-    const unsigned sdO = sQ + 2 * Q_BYTES;   // 2 x (BR, D)
-    float* sL = reinterpret_cast<float*>(smem + (2 * BC + 4 * BR) * D * 2);  // 2 x BR: lse in log2 units
-    float* sDl = sL + 2 * BR;                                                  // 2 x BR: Delta
+    using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
+    constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
+    const Layout sm = smem_layout<D, Bc, Br>(smem);
+    const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
+    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES);  // 2 x Br: lse in log2 units
+    float* sDl = sL + 2 * Br;                                     // 2 x Br: Delta
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    const bool is_causal = causal != 0;
-    const int k0 = blockIdx.x * BC, wkey = warp * 16;  // block's first key, warp's first row in the tile
-    const long long bh = blockIdx.y;
-    const unsigned short *q = Q + bh * Nq * D, *k = K + bh * Nk * D, *v = V + bh * Nk * D, *dout = dO + bh * Nq * D;
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    const int warp = threadIdx.x / 32;
+    const int k0 = blockIdx.x * Bc, wkey = warp * 16;  // block's first key, warp's first row in the tile
+    const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
+    const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
+    long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
+    const unsigned short *q = Q + bh * Nq * D, *dout = dO + bh * Nq * D;
     const float *lse = LSE + bh * Nq, *delta = Delta + bh * Nq;
-    const int off = Nk - Nq;
-    // the first query that sees key k0 is k0 - off (causal): earlier Q tiles contribute nothing
-    const int t_begin = is_causal ? max(0, k0 - off) / BR : 0;
-    const int n_t = max(0, (Nq + BR - 1) / BR - t_begin);
-    const float scale2 = scale * FA_LOG2E;
+    // the Q tiles that hold every query seeing a key of this block (the others would add 0); the same for
+    // every query head
+    const TileSpan tiles = q_tiles(mask, k0, k0 + Bc, Br);
 
-    load_tile_async<BC, D, NT>(sK, k, k0, Nk);
-    load_tile_async<BC, D, NT>(sV, v, k0, Nk);
-    if (n_t > 0) {
-        load_tile_async<BR, D, NT>(sQ, q, t_begin * BR, Nq);
-        load_tile_async<BR, D, NT>(sdO, dout, t_begin * BR, Nq);
-        load_rows<BR>(sL, sDl, lse, delta, t_begin * BR, Nq);
-    }
+    const auto stream = [&](int it, int b) {  // Q_i, dO_i, lse2 and Delta of Q tile `it` of head bh into buffer b
+        const int i0 = (tiles.first + it) * Br;
+        load_tile_async<Br, D, NTHREADS>(sQ + b * Q_BYTES, q, i0, Nq);
+        load_tile_async<Br, D, NTHREADS>(sdO + b * Q_BYTES, dout, i0, Nq);
+        load_rows<Br>(sL + b * Br, sDl + b * Br, lse, delta, i0, Nq);
+    };
+    load_tile_async<Bc, D, NTHREADS>(sK, k, k0, Nk);  // K_j and V_j stay for every query head of the group
+    load_tile_async<Bc, D, NTHREADS>(sV, v, k0, Nk);
+    if (tiles.count > 0) stream(0, 0);
     cp_async_commit();
 
-    float dk[D / 8][4], dv[D / 8][4];
+    float dk[D / 8][4], dv[D / 8][4];  // the warp's 16 rows of dK_j and dV_j, summed over the group
     zero(dk);
     zero(dv);
-    for (int it = 0; it < n_t; ++it) {
-        const int i0 = (t_begin + it) * BR, buf = it & 1;
-        if (it + 1 < n_t) {  // prefetch the next Q tile, then wait for this one
-            const int nb = buf ^ 1;
-            load_tile_async<BR, D, NT>(sQ + nb * Q_BYTES, q, i0 + BR, Nq);
-            load_tile_async<BR, D, NT>(sdO + nb * Q_BYTES, dout, i0 + BR, Nq);
-            load_rows<BR>(sL + nb * BR, sDl + nb * BR, lse, delta, i0 + BR, Nq);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
-        const float *L = sL + buf * BR, *Dl = sDl + buf * BR;
-
-        // S^T = K_w Q_i^T (16 keys x BR queries); P^T = exp2(S^T * scale2 - lse2[query])
-        float p[BR / 8][4];
-        zero(p);
-        mma_abt<D, BR / 8, BF16>(p, sK, wkey, qb, 0);
-        const bool mask = is_causal && k0 + BC - 1 > i0 + off;  // some key of the block is above the diagonal
-#pragma unroll
-        for (int n = 0; n < BR / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = n * 8 + 2 * t + (e & 1), key = k0 + wkey + g + (e < 2 ? 0 : 8);
-                p[n][e] = fast_exp2(fmaf(p[n][e], scale2, -L[col]));
-                if (mask && key > i0 + col + off) p[n][e] = 0.0f;
-            }
-        unsigned pf[BR / 16][4];
-        pack_frags<BR / 8, BF16>(pf, p);
-        mma_pb<D, BR / 16, BF16>(dv, pf, db, 0);  // dV_j += P^T dO_i
-
-        // dP^T = V_w dO_i^T;  dS^T = P^T o (dP^T - Delta[query])
-        float dp[BR / 8][4];
-        zero(dp);
-        mma_abt<D, BR / 8, BF16>(dp, sV, wkey, db, 0);
-#pragma unroll
-        for (int n = 0; n < BR / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = n * 8 + 2 * t + (e & 1), key = k0 + wkey + g + (e < 2 ? 0 : 8);
-                dp[n][e] = p[n][e] * (dp[n][e] - Dl[col]);
-                if (mask && key > i0 + col + off) dp[n][e] = 0.0f;  // 0 * NaN: a hidden pair gets no gradient
-            }
-        pack_frags<BR / 8, BF16>(pf, dp);
-        mma_pb<D, BR / 16, BF16>(dk, pf, qb, 0);  // dK_j += dS^T Q_i  (times scale at the end)
-        __syncthreads();  // every warp is done with buffer `buf` before it is refilled
+    for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
+        const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
+        stream_loop(tiles.count, stream, [&](int it, int buf) {
+            const int i0 = (tiles.first + it) * Br;
+            const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
+            // P_ij^T and dS_ij^T: the warp's 16 keys x Br queries, from S^T = K_w Q_i^T and dP^T = V_w dO_i^T
+            float P_ij[Br / 8][4], dS_ij[Br / 8][4];  // transposed: P_ij^T, dS_ij^T
+            p_and_ds<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, sK, qb, sV, db, wkey, sL + buf * Br,
+                                                     sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            unsigned a[Br / 16][4];
+            pack_a<Br / 8, BF16>(a, P_ij);
+            mma_ab<D, Br / 16, BF16>(dv, a, db, 0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
+            pack_a<Br / 8, BF16>(a, dS_ij);
+            mma_ab<D, Br / 16, BF16>(dk, a, qb, 0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
+        });
+        if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
+        // the next query head (stream_loop has waited for its copies and synced after its last tile: the
+        // buffers are free)
+        ++bh;
+        q += Nq * D, dout += Nq * D, lse += Nq, delta += Nq;
+        if (tiles.count > 0) stream(0, 0);
+        cp_async_commit();
     }
-    cp_async_wait<0>();
-    store_rows<D, BF16>(dK + bh * Nk * D, dk, k0 + wkey, Nk, scale);
-    store_rows<D, BF16>(dV + bh * Nk * D, dv, k0 + wkey, Nk, 1.0f);
+    const float softmax_scale = scale_log2 * FA_LN2;
+    store_rows<D, BF16>(dK + bkv * Nk * D, dk, k0 + wkey, Nk, softmax_scale);  // dK_j = softmax_scale * dS^T Q
+    store_rows<D, BF16>(dV + bkv * Nk * D, dv, k0 + wkey, Nk, 1.0f);
 }
 
-// dQ for one tile of BR = 16 NWARPS queries (warp w: queries 16w .. 16w + 15), looping over tiles of BC keys.
-template <int D, int NWARPS, int BC, bool BF16>
+// dQ_i for one tile of Br = 16 NWARPS queries (warp w: queries 16w .. 16w + 15), looping over the tiles of Bc
+// keys that any of them sees: keys [mask.kv_begin(q0), mask.kv_end(q0 + Br)).
+// Grid (ceil(Nq / Br), B * Hq); query head bh = blockIdx.y reads K/V head bh / group.
+template <int D, int NWARPS, int Bc, bool BF16, bool DROPOUT = false>
 __global__ void __launch_bounds__(NWARPS * 32)
     mma_bwd_dq(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dQ, int Nq,
-               int Nk, float scale, int causal) {
+               int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
+               unsigned seed_lo, unsigned seed_hi) {
     using namespace mma_bwd_detail;
-    constexpr int BR = 16 * NWARPS, NT = NWARPS * 32;
-    constexpr unsigned KV_BYTES = BC * D * 2;
+    constexpr int Br = 16 * NWARPS, NTHREADS = NWARPS * 32;
     extern __shared__ __align__(128) unsigned char smem[];
-    const unsigned sQ = smem_u32(smem);      // (BR, D)
-    const unsigned sdO = sQ + BR * D * 2;    // (BR, D)
-    const unsigned sK = sdO + BR * D * 2;    // 2 x (BC, D)
-    const unsigned sV = sK + 2 * KV_BYTES;   // 2 x (BC, D)
+    constexpr unsigned KV_BYTES = Smem<D, Br, Bc>::STREAM_BYTES;
+    const Smem<D, Br, Bc> sm = smem_layout<D, Br, Bc>(smem);  // Q_i and dO_i stay, K_j and V_j stream
+    const unsigned sQ = sm.stay0, sdO = sm.stay1, sK = sm.stream0, sV = sm.stream1;
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    const bool is_causal = causal != 0;
-    const int q_block = is_causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;  // heaviest first
-    const int q0 = q_block * BR, wrow = warp * 16;
-    const long long bh = blockIdx.y;
-    const unsigned short *q = Q + bh * Nq * D, *k = K + bh * Nk * D, *v = V + bh * Nk * D, *dout = dO + bh * Nq * D;
-    const int off = Nk - Nq;
-    const int kv_end = fa::kv_end_for(min(Nq, q0 + BR), Nq, Nk, is_causal);
-    const int n_tiles = (kv_end + BC - 1) / BC;
-    const float scale2 = scale * FA_LOG2E;
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    // later Q tiles see more keys with a right bound (causal): they run first
+    const int q_block = mask.heavy_last() ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int warp = threadIdx.x / 32;
+    const int q0 = q_block * Br, wrow = warp * 16;  // block's first query, warp's first row in the tile
+    const long long bh = blockIdx.y, bkv = bh / group;  // query head b * Hq + h, its K/V head b * Hk + h / group
+    const unsigned short *q = Q + bh * Nq * D, *k = K + bkv * Nk * D, *v = V + bkv * Nk * D, *dout = dO + bh * Nq * D;
+    const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
+    // the K/V tiles that hold every key a query of this block sees
+    const TileSpan tiles = kv_tiles(mask, q0, q0 + Br, Bc);
 
-    load_tile_async<BR, D, NT>(sQ, q, q0, Nq);
-    load_tile_async<BR, D, NT>(sdO, dout, q0, Nq);
-    if (n_tiles > 0) {
-        load_tile_async<BC, D, NT>(sK, k, 0, Nk);
-        load_tile_async<BC, D, NT>(sV, v, 0, Nk);
-    }
+    const auto stream = [&](int jt, int b) {  // K_j and V_j of K/V tile `jt` into buffer b
+        const int j0 = (tiles.first + jt) * Bc;
+        load_tile_async<Bc, D, NTHREADS>(sK + b * KV_BYTES, k, j0, Nk);
+        load_tile_async<Bc, D, NTHREADS>(sV + b * KV_BYTES, v, j0, Nk);
+    };
+    load_tile_async<Br, D, NTHREADS>(sQ, q, q0, Nq);
+    load_tile_async<Br, D, NTHREADS>(sdO, dout, q0, Nq);
+    if (tiles.count > 0) stream(0, 0);
     cp_async_commit();
-    float L[2], Dl[2];  // this thread's two rows: lse in log2 units, Delta
+    float lse2[2], delta_i[2];  // this thread's two query rows g, g + 8: lse in log2 units, Delta
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = q0 + wrow + g + 8 * h;
-        L[h] = row < Nq ? mma_bwd_detail::lse2_of(LSE[bh * Nq + row]) : -FA_NEG_INF;
-        Dl[h] = row < Nq ? Delta[bh * Nq + row] : 0.0f;
-    }
+    for (int h = 0; h < 2; ++h)
+        query_row(lse2[h], delta_i[h], LSE + bh * Nq, Delta + bh * Nq, q0 + wrow + acc_row(2 * h), Nq);
 
-    float dq[D / 8][4];
+    float dq[D / 8][4];  // the warp's 16 rows of dQ_i
     zero(dq);
-    for (int j = 0; j < n_tiles; ++j) {
-        const int j0 = j * BC, buf = j & 1;
-        if (j + 1 < n_tiles) {
-            load_tile_async<BC, D, NT>(sK + (buf ^ 1) * KV_BYTES, k, j0 + BC, Nk);
-            load_tile_async<BC, D, NT>(sV + (buf ^ 1) * KV_BYTES, v, j0 + BC, Nk);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+    stream_loop(tiles.count, stream, [&](int jt, int buf) {
         const unsigned kb = sK + buf * KV_BYTES, vb = sV + buf * KV_BYTES;
-
-        // S = Q_w K_j^T; P = exp2(S * scale2 - lse2[row]), 0 where the key is not visible
-        float p[BC / 8][4];
-        zero(p);
-        mma_abt<D, BC / 8, BF16>(p, sQ, wrow, kb, 0);
-        const bool mask = j0 + BC > Nk || (is_causal && j0 + BC - 1 > q0 + off);
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                p[n][e] = fast_exp2(fmaf(p[n][e], scale2, -L[e >> 1]));
-                if (mask && !fa::visible(q0 + wrow + g + (e < 2 ? 0 : 8), j0 + n * 8 + 2 * t + (e & 1), Nk, off,
-                                         is_causal))
-                    p[n][e] = 0.0f;
-            }
-        // dP = dO_w V_j^T;  dS = P o (dP - Delta[row])
-        float dp[BC / 8][4];
-        zero(dp);
-        mma_abt<D, BC / 8, BF16>(dp, sdO, wrow, vb, 0);
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                dp[n][e] = p[n][e] * (dp[n][e] - Dl[e >> 1]);
-                if (mask && !fa::visible(q0 + wrow + g + (e < 2 ? 0 : 8), j0 + n * 8 + 2 * t + (e & 1), Nk, off,
-                                         is_causal))
-                    dp[n][e] = 0.0f;  // 0 * NaN: a hidden pair gets no gradient from a NaN row
-            }
-        unsigned pf[BC / 16][4];
-        pack_frags<BC / 8, BF16>(pf, dp);
-        mma_pb<D, BC / 16, BF16>(dq, pf, kb, 0);  // dQ_i += dS K_j  (times scale at the end)
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-    store_rows<D, BF16>(dQ + bh * Nq * D, dq, q0 + wrow, Nq, scale);
+        // P_ij and dS_ij: the warp's 16 queries x Bc keys, from S = Q_w K_j^T and dP = dO_w V_j^T
+        float P_ij[Bc / 8][4], dS_ij[Bc / 8][4];
+        p_and_ds<false, DROPOUT, D, Bc / 8, BF16>(P_ij, dS_ij, sQ, kb, sdO, vb, wrow, lse2, delta_i, scale_log2,
+                                                  mask, q0 + wrow, (tiles.first + jt) * Bc, drop);
+        unsigned a[Bc / 16][4];
+        pack_a<Bc / 8, BF16>(a, dS_ij);
+        mma_ab<D, Bc / 16, BF16>(dq, a, kb, 0);  // dQ_i += dS_ij K_j  (times softmax_scale at the end)
+    });
+    store_rows<D, BF16>(dQ + bh * Nq * D, dq, q0 + wrow, Nq, scale_log2 * FA_LN2);  // dQ_i = softmax_scale * dS K
 }
 
 #ifndef __CUDACC_RTC__
@@ -327,12 +286,36 @@ __global__ void __launch_bounds__(NWARPS * 32)
     template __global__ void mma_bwd_dkdv<D, 4, 64, BF>(const unsigned short*, const unsigned short*,            \
                                                         const unsigned short*, const unsigned short*,            \
                                                         const float*, const float*, unsigned short*,             \
-                                                        unsigned short*, int, int, float, int);                  \
+                                                        unsigned short*, int, int, float, int, int, int, float,  \
+                                                        unsigned, unsigned);                                     \
     template __global__ void mma_bwd_dq<D, 4, 64, BF>(const unsigned short*, const unsigned short*,              \
                                                       const unsigned short*, const unsigned short*, const float*, \
-                                                      const float*, unsigned short*, int, int, float, int);
+                                                      const float*, unsigned short*, int, int, float, int, int,   \
+                                                      int, float, unsigned, unsigned);                            \
+    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, true>(const unsigned short*, const unsigned short*,      \
+                                                              const unsigned short*, const unsigned short*,      \
+                                                              const float*, const float*, unsigned short*,       \
+                                                              unsigned short*, int, int, float, int, int, int,   \
+                                                              float, unsigned, unsigned);                        \
+    template __global__ void mma_bwd_dq<D, 4, 64, BF, true>(const unsigned short*, const unsigned short*,        \
+                                                            const unsigned short*, const unsigned short*,        \
+                                                            const float*, const float*, unsigned short*, int,    \
+                                                            int, float, int, int, int, float, unsigned, unsigned);  \
+    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, false, true>(const unsigned short*, const unsigned short*, \
+                                                                     const unsigned short*, const unsigned short*, \
+                                                                     const float*, const float*, unsigned short*,  \
+                                                                     unsigned short*, int, int, float, int, int,   \
+                                                                     int, float, unsigned, unsigned);
+#define FA_MMA_BWD_GQA_DROPOUT_INST(D, BF)                                                                     \
+    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, true, true>(const unsigned short*, const unsigned short*, \
+                                                                    const unsigned short*, const unsigned short*, \
+                                                                    const float*, const float*, unsigned short*,  \
+                                                                    unsigned short*, int, int, float, int, int,   \
+                                                                    int, float, unsigned, unsigned);
 FA_MMA_BWD_INST(64, false)
 FA_MMA_BWD_INST(64, true)
 FA_MMA_BWD_INST(128, false)
 FA_MMA_BWD_INST(128, true)
+FA_MMA_BWD_GQA_DROPOUT_INST(64, false)
+FA_MMA_BWD_GQA_DROPOUT_INST(128, true)
 #endif

@@ -15,20 +15,26 @@
 // 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the XOR keeps ldmatrix-like 8-row reads and the
 // cp.async writes free of bank conflicts). Tiles start 1024-byte aligned.
 //
-// Work split: grid = (ceil(Nq / BR), B * H), NWG warpgroups per block, BR = 64 * NWG query rows; warpgroup
-// w owns rows 64w .. 64w + 63 of the block. K/V tiles of BC keys are double-buffered with cp.async.
+// Work split: grid = (ceil(Nq / Br), B * Hq), NWG warpgroups per block, Br = 64 * NWG query rows; warpgroup
+// w owns rows 64w .. 64w + 63 of the block. K/V tiles of Bc keys are double-buffered with cp.async.
 // The loop is software-pipelined so the tensor cores and the softmax overlap inside a warpgroup
 // (FlashAttention-3's "intra-warpgroup overlap"): in iteration j
 //     issue  S_i,j+1 = Qi K_j+1^T           (async)
 //     issue  O      += P_ij Vj               (async, P_ij from registers)
 //     wait for S_i,j+1; online softmax on it while P_ij Vj still runs:
-//         m_new = max(m_old, rowmax(S) * scale2),  P = exp2(S * scale2 - m_new),
-//         l = exp2(m_old - m_new) * l + rowsum(P)
-//     wait for P_ij Vj; O *= exp2(m_old - m_new); P_i,j+1 -> fp16/bf16 registers
-// and at the end O = O / l, lse = (m + log2 l) ln 2 (scores in log2 units, as in mma.cu).
-// Causal: blocks run heaviest-first and stop at the last key their rows can see; only tiles that cross
-// the diagonal or the Nk tail are masked element by element.
+//         m_new = max(m_i, rowmax(S) * scale_log2),  P = exp2(S * scale_log2 - m_new),
+//         l_i = exp2(m_i - m_new) * l_i + rowsum(P)
+//     wait for P_ij Vj; acc *= exp2(m_i - m_new); P_i,j+1 -> fp16/bf16 registers
+// and at the end O = acc / l_i, lse = (m_i + log2 l_i) ln 2 (scores in log2 units, as in mma.cu).
+// The softmax on the accumulator fragments, the negative-scale rule and the epilogue are fragments.cuh's
+// (shared with mma.cu); the mask is masks.cuh's. The K/V loop covers only the tiles the block's rows see
+// (both ends skipped); with a right bound (causal) blocks run heaviest-first; only the rows whose window
+// edge or the Nk tail cuts a tile are masked there element by element (frag::online_softmax).
+// Variants, as in mma.cu: the window is the mask's; grouped-query attention reads K/V head h / group
+// (frag::forward_block); DROPOUT = true multiplies P_ij by Z_ij / (1 - p) after the softmax (frag::Dropout).
 #include "common.cuh"
+#include "fragments.cuh"
+#include "masks.cuh"
 #include "ptx.cuh"
 
 namespace wgmma_detail {
@@ -137,226 +143,167 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[
 #undef FA_WGMMA_SS
 #undef FA_WGMMA_RS
 
-// S_ij = Qi Kj^T for this warpgroup's 64 rows: D / 16 k-steps of m64n(BC)k16, both operands in shared memory.
+// S_ij = Qi Kj^T for this warpgroup's 64 rows: D / 16 k-steps of m64n(Bc)k16, both operands in shared memory.
 // k-step kk reads columns 16kk .. 16kk + 15: panel kk / 4, byte 32 * (kk % 4) of its 128-byte rows.
-template <int D, int BR, int BC, bool BF16>
-__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], unsigned sQ_wg, unsigned sK) {
+template <int D, int Br, int Bc, bool BF16>
+__device__ __forceinline__ void issue_qk(float (&s)[Bc / 2], unsigned sQ_wg, unsigned sK) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned long long da = make_desc(sQ_wg + (kk / 4) * BR * 128 + (kk % 4) * 32, 16, 1024);
-        const unsigned long long db = make_desc(sK + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024);
-        wgmma_ss<BC, BF16>(s, da, db, kk > 0);
+        const unsigned long long da = make_desc(sQ_wg + (kk / 4) * Br * 128 + (kk % 4) * 32, 16, 1024);
+        const unsigned long long db = make_desc(sK + (kk / 4) * Bc * 128 + (kk % 4) * 32, 16, 1024);
+        wgmma_ss<Bc, BF16>(s, da, db, kk > 0);
     }
     wgmma_commit();
 }
 
-// O += P_ij Vj: BC / 16 k-steps of m64n(D)k16; k-step kk takes keys 16kk .. 16kk + 15 = two 8-key atoms.
-template <int D, int BC, bool BF16>
-__device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const unsigned (&pf)[BC / 16][4], unsigned sV) {
+// O += P_ij Vj: Bc / 16 k-steps of m64n(D)k16; k-step kk takes keys 16kk .. 16kk + 15 = two 8-key atoms.
+template <int D, int Bc, bool BF16>
+__device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const unsigned (&pf)[Bc / 16][4], unsigned sV) {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<D, BF16>(acc, pf[kk], make_desc(sV + kk * 2048, BC * 128, 1024));
+    for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs<D, BF16>(acc, pf[kk], make_desc(sV + kk * 2048, Bc * 128, 1024));
     wgmma_commit();
 }
 
-// Online softmax of one S tile (in place: S -> P in fp32). Thread rows: g (e = 0, 1) and g + 8 (e = 2, 3)
-// of its warp's 16; columns 8n + 2t + (e & 1). alpha = exp2(m_old - m_new) per row.
-template <int BC>
-__device__ __forceinline__ void online_softmax(float (&s)[BC / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                               float scale2, bool mask, int row0, int col0, int Nk, int off,
-                                               bool causal) {
-    const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-    if (mask) {  // tiles that cross the causal diagonal or the Nk tail
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) {
-            const int col = col0 + (i / 4) * 8 + 2 * t + (i & 1);
-            const int row = row0 + g + ((i & 2) ? 8 : 0);
-            if (!fa::visible(row, col, Nk, off, causal)) s[i] = FA_NEG_INF;
-        }
-    }
-    float mx[2] = {FA_NEG_INF, FA_NEG_INF};
-#pragma unroll
-    for (int i = 0; i < BC / 2; i += 4) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[i], s[i + 1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[i + 2], s[i + 3]));
-    }
-    float m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the 4 threads of a group hold one row: reduce over them
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m[h], mx[h] * scale2);  // m_new = max(m_old, rowmax(S_ij) * scale2)
-        m_use[h] = m_new == FA_NEG_INF ? 0.0f : m_new;     // no key yet: exp2(-inf - 0) = 0
-        alpha[h] = fast_exp2(m[h] - m_use[h]);             // exp(m_old - m_new)
-        m[h] = m_new;
-        l[h] *= alpha[h];
-    }
-#pragma unroll
-    for (int i = 0; i < BC / 2; ++i) {  // P_ij = exp2(S_ij * scale2 - m_new);  l += rowsum(P_ij)
-        s[i] = fast_exp2(fmaf(s[i], scale2, -m_use[(i >> 1) & 1]));
-        l[(i >> 1) & 1] += s[i];
-    }
-}
-
-// P (fp32, accumulator layout) -> the A fragments of P Vj: k-step kk = n8 tiles 2kk and 2kk + 1
-template <int BC, bool BF16>
-__device__ __forceinline__ void pack_p(unsigned (&pf)[BC / 16][4], const float (&p)[BC / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-        pf[kk][0] = pack2<BF16>(p[8 * kk + 0], p[8 * kk + 1]);  // row g,     keys 2t, 2t+1
-        pf[kk][1] = pack2<BF16>(p[8 * kk + 2], p[8 * kk + 3]);  // row g + 8, keys 2t, 2t+1
-        pf[kk][2] = pack2<BF16>(p[8 * kk + 4], p[8 * kk + 5]);  // row g,     keys 2t+8, 2t+9
-        pf[kk][3] = pack2<BF16>(p[8 * kk + 6], p[8 * kk + 7]);  // row g + 8, keys 2t+8, 2t+9
-    }
+// One K/V tile's online softmax on this warp's 16 rows of the warpgroup's 64 (frag::online_softmax on the flat
+// accumulator, whose element i is element i % 4 of n8 tile i / 4), S_ij -> P_ij in place
+template <int Bc>
+__device__ __forceinline__ void softmax_tile(float (&s)[Bc / 2], float (&m_i)[2], float (&l_i)[2], float (&alpha)[2],
+                                             float scale_log2, const frag::RowKeys& rk, int col0) {
+    frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, scale_log2, rk, col0);
 }
 
 }  // namespace wgmma_detail
 
-template <int D, int BC, int NWG, bool BF16>
+template <int D, int Bc, int NWG, bool BF16, bool DROPOUT = false>
 __global__ void __launch_bounds__(NWG * 128, 1)
     wgmma_fwd(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
               const unsigned short* __restrict__ V, unsigned short* __restrict__ O, float* __restrict__ LSE, int Nq,
-              int Nk, float scale2, int causal, int negate_q) {
+              int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
+              unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_detail;
-    static_assert((D == 64 || D == 128) && (BC == 64 || BC == 128), "D and BC in {64, 128}");
-    constexpr int BR = 64 * NWG;  // query rows per block
+    static_assert((D == 64 || D == 128) && (Bc == 64 || Bc == 128), "D and Bc in {64, 128}");
+    constexpr int Br = 64 * NWG;  // query rows per block
     constexpr int NT = NWG * 128;
-    constexpr unsigned KV_BYTES = BC * D * 2;
+    constexpr unsigned KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // the swizzle pattern is a function of the address bits, so tiles must start 1024-byte aligned
     const unsigned raw = smem_u32(smem_raw);
     const unsigned pad = (1024u - (raw & 1023u)) & 1023u;
     unsigned char* smem = smem_raw + pad;
-    const unsigned sQ = raw + pad;            // (BR, D)
-    const unsigned sK = sQ + BR * D * 2;      // 2 x (BC, D)
-    const unsigned sV = sK + 2 * KV_BYTES;    // 2 x (BC, D)
+    const unsigned sQ = raw + pad;            // (Br, D)
+    const unsigned sK = sQ + Br * D * 2;      // 2 x (Bc, D)
+    const unsigned sV = sK + 2 * KV_BYTES;    // 2 x (Bc, D)
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int wg = warp / 4, g = lane >> 2, t = lane & 3;
-    const bool is_causal = causal != 0, negate = negate_q != 0;
-    const int q_block = is_causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;  // heaviest first
-    const int q0 = q_block * BR;
-    const long long bh = blockIdx.y;
-    const unsigned short* q = Q + bh * Nq * D;
-    const unsigned short* k = K + bh * Nk * D;
-    const unsigned short* v = V + bh * Nk * D;
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int wg = warp / 4;
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    const frag::ForwardBlock blk = frag::forward_block<Br, Bc, D>(mask, K, V, group);  // head, query rows, K/V tiles
+    const int q0 = blk.q0, n_tiles = blk.n_tiles;
+    const long long bh = blk.bh;
     unsigned short* o = O + bh * Nq * D;
-    const int off = Nk - Nq;
-    const int kv_end = fa::kv_end_for(min(Nq, q0 + BR), Nq, Nk, is_causal);
-    const int n_tiles = (kv_end + BC - 1) / BC;
-    const int row0 = q0 + 64 * wg + 16 * (warp % 4);  // this warp's first query row
-    const unsigned sQ_wg = sQ + 64 * wg * 128;         // this warpgroup's 64 rows of each Q panel
+    const frag::ScoreScale sc = frag::score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
+    const int wrow = 64 * wg + 16 * (warp % 4);  // the warp's first row in the block
+    const int row0 = q0 + wrow;                   // ... and in the head
+    const unsigned sQ_wg = sQ + 64 * wg * 128;    // this warpgroup's 64 rows of each Q panel
+    const frag::RowKeys rk = frag::row_keys(mask, row0, blk.kv0);  // the keys this thread's rows see
+    const frag::Dropout dp = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
 
     if (n_tiles == 0) {  // no row of the block sees a key: O = 0, lse = -inf
-        for (int e = tid; e < BR * D; e += NT)
+        for (int e = tid; e < Br * D; e += NT)
             if (q0 + e / D < Nq) o[(long long)q0 * D + e] = 0;
-        for (int r = tid; r < BR; r += NT)
+        for (int r = tid; r < Br; r += NT)
             if (q0 + r < Nq) LSE[bh * Nq + q0 + r] = FA_NEG_INF;
         return;
     }
-    auto needs_mask = [&](int jt) { return jt * BC + BC > Nk || (is_causal && jt * BC + BC - 1 > q0 + off); };
 
     // prologue: group 1 = Q, K_0;  group 2 = V_0, K_1
-    load_tile_async<BR, D, NT>(sQ, q, q0, Nq);
-    load_tile_async<BC, D, NT>(sK, k, 0, Nk);
+    load_tile_async<Br, D, NT>(sQ, Q + bh * Nq * D, q0, Nq);
+    load_tile_async<Bc, D, NT>(sK, blk.k, 0, blk.nk);
     cp_async_commit();
-    load_tile_async<BC, D, NT>(sV, v, 0, Nk);
-    if (n_tiles > 1) load_tile_async<BC, D, NT>(sK + KV_BYTES, k, BC, Nk);
+    load_tile_async<Bc, D, NT>(sV, blk.v, 0, blk.nk);
+    if (n_tiles > 1) load_tile_async<Bc, D, NT>(sK + KV_BYTES, blk.k, Bc, blk.nk);
     cp_async_commit();
 
     float acc[D / 2];  // O accumulator, 64 x D per warpgroup
-    float s[BC / 2];   // S_ij, then P_ij in fp32
-    unsigned pf[BC / 16][4];  // P_ij as fp16/bf16 A fragments
-    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+    float s[Bc / 2];   // S_ij, then P_ij in fp32
+    unsigned pf[Bc / 16][4];  // P_ij as fp16/bf16 A fragments
+    float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f}, alpha[2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < BC / 2; ++i) s[i] = 0.0f;
+    for (int i = 0; i < Bc / 2; ++i) s[i] = 0.0f;
 
     // S_i0 and its softmax
     cp_async_wait<1>();  // Q and K_0 (this thread's copies)
-    if (negate) {        // scale < 0: flip the sign of this thread's own chunks of Q, use |scale|
-        for (int e = tid; e < BR * (D / 8); e += NT) {
-            uint4* x = reinterpret_cast<uint4*>(smem + sw128<BR>(e / (D / 8), e % (D / 8)));
-            x->x ^= 0x80008000u, x->y ^= 0x80008000u, x->z ^= 0x80008000u, x->w ^= 0x80008000u;
-        }
+    if (sc.q_sign != 0) {  // scale < 0: flip the sign of this thread's own chunks of Q (fragments.cuh)
+        for (int e = tid; e < Br * (D / 8); e += NT)
+            frag::apply_sign(*reinterpret_cast<uint4*>(smem + sw128<Br>(e / (D / 8), e % (D / 8))), sc.q_sign);
     }
     fence_proxy_async();
     __syncthreads();
     wgmma_fence();
-    issue_qk<D, BR, BC, BF16>(s, sQ_wg, sK);
+    issue_qk<D, Br, Bc, BF16>(s, sQ_wg, sK);
     wgmma_wait<0>();
     pin(s);
-    online_softmax<BC>(s, m, l, alpha, scale2, needs_mask(0), row0, 0, Nk, off, is_causal);
-    pack_p<BC, BF16>(pf, s);
+    softmax_tile<Bc>(s, m_i, l_i, alpha, sc.scale_log2, rk, 0);
+    if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0);
+    frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
 
     for (int j = 0; j + 1 < n_tiles; ++j) {
         cp_async_wait<0>();   // K_j+1 and V_j have landed (this thread's copies) ...
         fence_proxy_async();  // ... are visible to the tensor cores ...
         __syncthreads();      // ... and every thread's; all warpgroups are done with S_ij and P_i,j-1 V_j-1
-        if (j + 2 < n_tiles) load_tile_async<BC, D, NT>(sK + (j & 1) * KV_BYTES, k, (j + 2) * BC, Nk);
-        load_tile_async<BC, D, NT>(sV + ((j + 1) & 1) * KV_BYTES, v, (j + 1) * BC, Nk);
+        if (j + 2 < n_tiles) load_tile_async<Bc, D, NT>(sK + (j & 1) * KV_BYTES, blk.k, (j + 2) * Bc, blk.nk);
+        load_tile_async<Bc, D, NT>(sV + ((j + 1) & 1) * KV_BYTES, blk.v, (j + 1) * Bc, blk.nk);
         cp_async_commit();
 
         pin(acc);       // acc (rescaled) and pf (packed) were written by ordinary instructions:
         pin(pf);        // those writes come before ...
         wgmma_fence();  // ... this fence, which orders them before the products below
-        issue_qk<D, BR, BC, BF16>(s, sQ_wg, sK + ((j + 1) & 1) * KV_BYTES);  // S_i,j+1 = Qi K_j+1^T
-        issue_pv<D, BC, BF16>(acc, pf, sV + (j & 1) * KV_BYTES);            // O += P_ij Vj
+        issue_qk<D, Br, Bc, BF16>(s, sQ_wg, sK + ((j + 1) & 1) * KV_BYTES);  // S_i,j+1 = Qi K_j+1^T
+        issue_pv<D, Bc, BF16>(acc, pf, sV + (j & 1) * KV_BYTES);            // acc += P_ij Vj
         wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
         pin(s);
-        online_softmax<BC>(s, m, l, alpha, scale2, needs_mask(j + 1), row0, (j + 1) * BC, Nk, off, is_causal);
+        softmax_tile<Bc>(s, m_i, l_i, alpha, sc.scale_log2, rk, (j + 1) * Bc);
+        if constexpr (DROPOUT)
+            frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0 + (j + 1) * Bc);
         wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again
         pin(acc);
         pin(pf);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];  // O = exp2(m_old - m_new) * O
-        pack_p<BC, BF16>(pf, s);
+        frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);  // acc = exp2(m_i - m_new) * acc
+        frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
     }
-    // the last tile: O += P_i,n-1 V_n-1
+    // the last tile: acc += P_i,n-1 V_n-1
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
     pin(acc);
     pin(pf);
     wgmma_fence();
-    issue_pv<D, BC, BF16>(acc, pf, sV + ((n_tiles - 1) & 1) * KV_BYTES);
+    issue_pv<D, Bc, BF16>(acc, pf, sV + ((n_tiles - 1) & 1) * KV_BYTES);
     wgmma_wait<0>();
     pin(acc);
 
-    // ---- epilogue: O = acc / l, lse = (m + log2 l) ln 2; O staged in the warp's own rows of the Q tile
+    // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of the Q tile
     float inv_l[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);  // the whole row's sum
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        inv_l[h] = fa::inv_row_sum(l[h]);  // a row that saw no key: O = 0 (NaN stays NaN)
-        const int row = row0 + g + 8 * h;
-        if (t == 0 && row < Nq) LSE[bh * Nq + row] = fa::row_lse(m[h], l[h]);
-    }
-    const int wrow = 64 * wg + 16 * (warp % 4);  // the warp's first row in the block
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<unsigned*>(smem + sw128<BR>(wrow + g, n) + t * 4) =
-            pack2<BF16>(acc[4 * n + 0] * inv_l[0], acc[4 * n + 1] * inv_l[0]);
-        *reinterpret_cast<unsigned*>(smem + sw128<BR>(wrow + g + 8, n) + t * 4) =
-            pack2<BF16>(acc[4 * n + 2] * inv_l[1], acc[4 * n + 3] * inv_l[1]);
-    }
+    frag::finish_rows(inv_l, l_i, m_i, LSE + bh * Nq, row0, Nq);
+    frag::stage_rows<D, BF16>(reinterpret_cast<float (&)[D / 8][4]>(acc), inv_l,
+                              [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
     __syncwarp();
-#pragma unroll
-    for (int e = lane; e < 16 * (D / 8); e += 32) {  // 16-byte stores, one row = D / 8 chunks
-        const int r = e / (D / 8), c = e % (D / 8);
-        if (row0 + r < Nq)
-            *reinterpret_cast<uint4*>(o + (long long)(row0 + r) * D + c * 8) =
-                *reinterpret_cast<const uint4*>(smem + sw128<BR>(wrow + r, c));
-    }
+    frag::store_staged<16, D>(o, row0, Nq, [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the compile test) builds these; at run time NVRTC instantiates them through name_expressions.
-#define FA_WGMMA_INST(D, BC, NWG, BF)                                                                          \
-    template __global__ void wgmma_fwd<D, BC, NWG, BF>(const unsigned short*, const unsigned short*,           \
+#define FA_WGMMA_INST(D, Bc, NWG, BF)                                                                          \
+    template __global__ void wgmma_fwd<D, Bc, NWG, BF>(const unsigned short*, const unsigned short*,           \
                                                        const unsigned short*, unsigned short*, float*, int, int, \
-                                                       float, int, int);
+                                                       float, int, int, int, float, unsigned, unsigned);
+#define FA_WGMMA_DROPOUT_INST(D, Bc, NWG, BF)                                                                  \
+    template __global__ void wgmma_fwd<D, Bc, NWG, BF, true>(const unsigned short*, const unsigned short*,     \
+                                                             const unsigned short*, unsigned short*, float*,    \
+                                                             int, int, float, int, int, int, float, unsigned,   \
+                                                             unsigned);
 FA_WGMMA_INST(64, 128, 2, false)
 FA_WGMMA_INST(64, 128, 2, true)
 FA_WGMMA_INST(128, 128, 2, false)
@@ -366,4 +313,8 @@ FA_WGMMA_INST(64, 64, 2, true)
 FA_WGMMA_INST(64, 128, 3, false)
 FA_WGMMA_INST(128, 64, 2, false)
 FA_WGMMA_INST(128, 64, 3, false)
+FA_WGMMA_DROPOUT_INST(64, 64, 2, false)
+FA_WGMMA_DROPOUT_INST(64, 64, 2, true)
+FA_WGMMA_DROPOUT_INST(128, 128, 2, false)
+FA_WGMMA_DROPOUT_INST(128, 128, 2, true)
 #endif

@@ -46,7 +46,7 @@ KERNEL_DIR = os.path.join(ROOT, "flash_attention_cuda", "kernels")
 LAB3_SKELETON = os.path.join(KERNEL_DIR, "tiled.cu")  # the repository's kernel: lab 3's solution
 LAB3_FUNCTIONS = ("compute_qk_scores_and_max", "compute_block_softmax_and_weighted_v", "merge_block_stats",
                   "normalize_output")
-LAB3_BLOCK_N = 32  # keys per K/V tile in tiled.cu (tiled::BC)
+LAB3_BLOCK_N = 32  # keys per K/V tile in tiled.cu (tiled::Bc)
 LAB5_KERNEL = "lab5_mma_tile"
 
 __all__ = ["StudentCodeError", "lab3_forward", "lab3_cpu_unavailable_reason", "lab3_hints", "lab5_layout_checks",
@@ -162,52 +162,52 @@ HINT = {
     "nan_nokey": {"en": ["NaN in rows {rows}: exactly the rows that see no key at all (causal with Nq = {Nq} > Nk = {Nk}).",
                          "Every score of such a row is -inf, so m_new = -inf and exp2(-inf - (-inf)) = NaN: use "
                          "fa::exp2_minus(x, m), which is 0 when m = -inf,",
-                         "and in normalize_output give O = 0 and lse = -inf where l == 0 instead of dividing by 0."],
+                         "and in normalize_output give O = 0 and lse = -inf where l_i == 0 instead of dividing by 0."],
                   "zh": ["第 {rows} 行出现 NaN：正好是完全看不到任何 key 的行（因果掩码且 Nq = {Nq} > Nk = {Nk}）。",
                          "这些行的分数全是 -inf，于是 m_new = -inf，exp2(-inf - (-inf)) = NaN：请用 fa::exp2_minus(x, m)，"
                          "m = -inf 时它返回 0；",
-                         "并在 normalize_output 中，当 l == 0 时令 O = 0、lse = -inf，而不是除以 0。"]},
-    "nan": {"en": ["NaN in rows {rows}: look for exp2(-inf - (-inf)) (use fa::exp2_minus) or 0/0 (l == 0 in normalize_output)."],
-            "zh": ["第 {rows} 行出现 NaN：检查 exp2(-inf - (-inf))（请用 fa::exp2_minus）或 0/0（normalize_output 中 l == 0）。"]},
+                         "并在 normalize_output 中，当 l_i == 0 时令 O = 0、lse = -inf，而不是除以 0。"]},
+    "nan": {"en": ["NaN in rows {rows}: look for exp2(-inf - (-inf)) (use fa::exp2_minus) or 0/0 (l_i == 0 in normalize_output)."],
+            "zh": ["第 {rows} 行出现 NaN：检查 exp2(-inf - (-inf))（请用 fa::exp2_minus）或 0/0（normalize_output 中 l_i == 0）。"]},
     "unwritten": {"en": ["rows {rows} of O or lse were never written: normalize_output must write every row < Nq, "
                          "every column d = lane + 32 i < D, and lse[row] once (lane 0)."],
                   "zh": ["O 或 lse 的第 {rows} 行从未被写入：normalize_output 必须写每个 row < Nq、每个列 d = lane + 32 i < D，"
                          "并（由 lane 0）写一次 lse[row]。"]},
-    "lse_inf": {"en": ["rows {rows} see no key (causal, Nq > Nk): they must get lse = -inf and O = 0; detect them with l == 0."],
-                "zh": ["第 {rows} 行看不到任何 key（因果掩码，Nq > Nk）：它们的 lse 必须是 -inf、O 必须是 0；用 l == 0 判断。"]},
-    "lse_inf_wrong": {"en": ["lse is infinite in rows {rows} that do see keys: is l = 0 there, or did exp2 overflow "
+    "lse_inf": {"en": ["rows {rows} see no key (causal, Nq > Nk): they must get lse = -inf and O = 0; detect them with l_i == 0."],
+                "zh": ["第 {rows} 行看不到任何 key（因果掩码，Nq > Nk）：它们的 lse 必须是 -inf、O 必须是 0；用 l_i == 0 判断。"]},
+    "lse_inf_wrong": {"en": ["lse is infinite in rows {rows} that do see keys: is l_i = 0 there, or did exp2 overflow "
                              "(subtract the max first)?"],
-                      "zh": ["第 {rows} 行能看到 key，lse 却是无穷大：那里 l 是否为 0？还是 exp2 溢出了（先减去最大值）？"]},
-    "l_big": {"en": ["the row sums l look too large (lse is above the reference, by up to {d:.2g}): in "
-                     "merge_block_stats, rescale the old l by a = fa::exp2_minus(m, m_new) (and the tile's l_tile by "
-                     "b = fa::exp2_minus(m_tile, m_new)) before adding. Without it, blocks summed under an old, "
+                      "zh": ["第 {rows} 行能看到 key，lse 却是无穷大：那里 l_i 是否为 0？还是 exp2 溢出了（先减去最大值）？"]},
+    "l_big": {"en": ["the row sums l_i look too large (lse is above the reference, by up to {d:.2g}): in "
+                     "merge_block_stats, rescale the old l_i by a = fa::exp2_minus(m_i, m_new) (and the tile's l_ij by "
+                     "b = fa::exp2_minus(m_ij, m_new)) before adding. Without it, blocks summed under an old, "
                      "smaller max count too much."],
-              "zh": ["行和 l 偏大（lse 比参考值大，最多 {d:.2g}）：在 merge_block_stats 中，相加之前先用 "
-                     "a = fa::exp2_minus(m, m_new) 缩放旧的 l（并用 b = fa::exp2_minus(m_tile, m_new) 缩放该块的 l_tile）。"
+              "zh": ["行和 l_i 偏大（lse 比参考值大，最多 {d:.2g}）：在 merge_block_stats 中，相加之前先用 "
+                     "a = fa::exp2_minus(m_i, m_new) 缩放旧的 l_i（并用 b = fa::exp2_minus(m_ij, m_new) 缩放该块的 l_ij）。"
                      "不缩放的话，在旧的、较小的最大值下求和的块会被算得过多。"]},
-    "l_small": {"en": ["the row sums l look too small (lse is below the reference, by up to {d:.2g}): is a = "
-                       "exp2(m - m_new) the right way round (<= 1)? Is the tile's l_tile rescaled by b = "
-                       "exp2(m_tile - m_new)? And does lse = (m + log2 l) * ln 2 use the final m?"],
-                "zh": ["行和 l 偏小（lse 比参考值小，最多 {d:.2g}）：a = exp2(m - m_new) 的方向对吗（应 <= 1）？"
-                       "该块的 l_tile 是否乘了 b = exp2(m_tile - m_new)？lse = (m + log2 l) * ln 2 用的是最终的 m 吗？"]},
+    "l_small": {"en": ["the row sums l_i look too small (lse is below the reference, by up to {d:.2g}): is a = "
+                       "exp2(m_i - m_new) the right way round (<= 1)? Is the tile's l_ij rescaled by b = "
+                       "exp2(m_ij - m_new)? And does lse = (m_i + log2 l_i) * ln 2 use the final m_i?"],
+                "zh": ["行和 l_i 偏小（lse 比参考值小，最多 {d:.2g}）：a = exp2(m_i - m_new) 的方向对吗（应 <= 1）？"
+                       "该块的 l_ij 是否乘了 b = exp2(m_ij - m_new)？lse = (m_i + log2 l_i) * ln 2 用的是最终的 m_i 吗？"]},
     "l_single": {"en": ["this case has a single K/V tile (Nk = {Nk} <= 32), so no merging is involved: check "
-                        "l_tile = warp sum of exp2(s - m_tile) and lse = (m + log2 l) * ln 2 (natural log)."],
-                 "zh": ["这个用例只有一个 K/V tile（Nk = {Nk} <= 32），不涉及合并：检查 l_tile = exp2(s - m_tile) "
-                        "的 warp 求和，以及 lse = (m + log2 l) * ln 2（自然对数）。"]},
-    "o_merge": {"en": ["m and l are right (lse matches the reference) but O is not: acc must be rescaled exactly "
-                       "like l, acc = a * acc + b * pv for every column the lane owns, and O = acc / l once at the end.",
+                        "l_ij = warp sum of exp2(s_ij - m_ij) and lse = (m_i + log2 l_i) * ln 2 (natural log)."],
+                 "zh": ["这个用例只有一个 K/V tile（Nk = {Nk} <= 32），不涉及合并：检查 l_ij = exp2(s_ij - m_ij) "
+                        "的 warp 求和，以及 lse = (m_i + log2 l_i) * ln 2（自然对数）。"]},
+    "o_merge": {"en": ["m_i and l_i are right (lse matches the reference) but O is not: acc must be rescaled exactly "
+                       "like l_i, acc = a * acc + b * pv for every column the lane owns, and O = acc / l_i once at the end.",
                        "If that is right: in compute_block_softmax_and_weighted_v every lane must have written its p "
                        "to p_warp before any lane reads p_warp back (__syncwarp() in between)."],
-                "zh": ["m 和 l 是对的（lse 与参考值一致），但 O 不对：acc 必须和 l 一样缩放，对该 lane 负责的每一列"
-                       "acc = a * acc + b * pv，最后一次性 O = acc / l。",
+                "zh": ["m_i 和 l_i 是对的（lse 与参考值一致），但 O 不对：acc 必须和 l_i 一样缩放，对该 lane 负责的每一列"
+                       "acc = a * acc + b * pv，最后一次性 O = acc / l_i。",
                        "如果这没问题：在 compute_block_softmax_and_weighted_v 中，所有 lane 都把自己的 p 写进 p_warp 之后，"
                        "才能有 lane 读回 p_warp（中间要有 __syncwarp()）。"]},
-    "o_single": {"en": ["m and l are right (lse matches the reference) but O is not, with a single K/V tile: check "
-                        "pv[r][i] = sum over the 32 keys c of p_c * V[c][lane + 32 i] and O = acc / l,",
+    "o_single": {"en": ["m_i and l_i are right (lse matches the reference) but O is not, with a single K/V tile: check "
+                        "pv[r][i] = sum over the 32 keys c of p_c * V[c][lane + 32 i] and O = acc / l_i,",
                         "and that every lane has written its p to p_warp before any lane reads p_warp back "
                         "(__syncwarp() in between)."],
-                 "zh": ["m 和 l 是对的（lse 与参考值一致），但只有一个 K/V tile 时 O 仍不对：检查 "
-                        "pv[r][i] = 对 32 个 key c 求和 p_c * V[c][lane + 32 i]，以及 O = acc / l，",
+                 "zh": ["m_i 和 l_i 是对的（lse 与参考值一致），但只有一个 K/V tile 时 O 仍不对：检查 "
+                        "pv[r][i] = 对 32 个 key c 求和 p_c * V[c][lane + 32 i]，以及 O = acc / l_i，",
                         "并检查所有 lane 都把自己的 p 写进 p_warp 之后，才有 lane 读回 p_warp（中间要有 __syncwarp()）。"]},
     "worst": {"en": ["the largest error of O is in query row {row} (of Nq = {Nq}); compare that row by hand."],
               "zh": ["O 的最大误差在查询行 {row}（共 Nq = {Nq} 行）；请手工核对这一行。"]},
@@ -373,7 +373,7 @@ def _cache_dir() -> str:
 
 def _emu_files() -> list:
     return [os.path.join(EMU_DIR, "cuda_emu.h"), os.path.join(EMU_DIR, "lab3_entry.inc"),
-            os.path.join(KERNEL_DIR, "common.cuh")]
+            os.path.join(KERNEL_DIR, "common.cuh"), os.path.join(KERNEL_DIR, "masks.cuh")]
 
 
 def build_lab3_cpu(student_path: str, *, lang: str = "en") -> str:
@@ -420,7 +420,7 @@ def _load_lib(so: str):
             lib = ctypes.CDLL(so)
             f = lib.lab3_emu_forward
             fp = ctypes.POINTER(ctypes.c_float)
-            f.argtypes = [fp, fp, fp, fp, fp] + [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_int] * 4 + [
+            f.argtypes = [fp, fp, fp, fp, fp] + [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_int] * 5 + [
                 ctypes.c_char_p, ctypes.c_int]
             f.restype = ctypes.c_int
             _LIBS[so] = lib
@@ -455,8 +455,8 @@ def _check_qkv(q, k, v, fn):
 def lab3_forward(student_path, q, k, v, *, causal, softmax_scale, device, lang="en"):
     """Run lab 3's kernel with the student's four device functions: returns (o, lse).
 
-    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 NumPy arrays, 1 <= D <= 128. causal: bottom-right
-    aligned (query i sees key j iff j <= i + Nk - Nq). softmax_scale: a float, or None for 1/sqrt(D).
+    q (B, H, Nq, D), k and v (B, H, Nk, D): float32 NumPy arrays, 1 <= D <= 128. causal: the bottom-right
+    aligned mask of flash_attention_py/masks.py. softmax_scale: a float, or None for 1/sqrt(D).
     device: "cpu" (g++ and the fiber emulation of notebooks/labs/emu/) or "cuda" (NVRTC + CuPy, the real kernel).
     Returns o float32 (B, H, Nq, D) and lse float32 (B, H, Nq), natural log; entries the kernel never wrote
     are NaN. Raises StudentCodeError (not written yet, compile errors, deadlock, a crash on the GPU) with a
@@ -516,8 +516,9 @@ def _lab3_cpu(student_path, q, k, v, causal, scale, lang):
     d_pad, rows = lab3_config(D)
     err = ctypes.create_string_buffer(2048)
     fp = ctypes.POINTER(ctypes.c_float)
-    rc = lib.lab3_emu_forward(*(x.ctypes.data_as(fp) for x in (q, k, v, o, lse)), B * H, Nq, Nk, D, scale,
-                              int(causal), int(vec4), d_pad, rows, err, len(err))
+    rc = lib.lab3_emu_forward(*(x.ctypes.data_as(fp) for x in (q, k, v, o, lse)), B * H, Nq, Nk, D,
+                              *(x.item() for x in _lab3_scalars(scale, causal)), int(vec4), d_pad, rows, err,
+                              len(err))
     if rc == 1:
         raise StudentCodeError(_msg("never_meet", lang, detail=err.value.decode(errors="replace")))
     if rc != 0:
@@ -532,14 +533,23 @@ _GPU_KERNELS: dict = {}
 
 
 def _inline_common(source: str) -> str:
-    with open(os.path.join(KERNEL_DIR, "common.cuh")) as f:
-        common = f.read()
+    """The spliced tiled.cu with the project headers it includes (common.cuh, masks.cuh) inlined, for NVRTC."""
     lines = source.split("\n")
     for i, ln in enumerate(lines):
-        if re.match(r'\s*#\s*include\s+"common\.cuh"', ln):
-            lines[i] = f'#line 1 "common.cuh"\n{common}\n#line {i + 1} "{os.path.basename(LAB3_SKELETON)}"'
-            break
+        m = re.match(r'\s*#\s*include\s+"(\w+\.cuh)"', ln)
+        if m:
+            with open(os.path.join(KERNEL_DIR, m.group(1))) as f:
+                header = f.read()
+            lines[i] = f'#line 1 "{m.group(1)}"\n{header}\n#line {i + 2} "{os.path.basename(LAB3_SKELETON)}"'
     return "\n".join(lines)
+
+
+def _lab3_scalars(scale: float, causal: bool) -> tuple:
+    """tiled_fwd's scalar arguments after D: (scale_log2, window_left, window_right), as the launcher builds them."""
+    from flash_attention_cuda.launch_specs import mask_args, scale_args
+    from flash_attention_py.masks import window_for
+
+    return (*scale_args(scale), *mask_args(window_for(causal)))
 
 
 def _lab3_cuda(student_path, q, k, v, causal, scale, lang):
@@ -568,7 +578,7 @@ def _lab3_cuda(student_path, q, k, v, causal, scale, lang):
     vec4 = D % 4 == 0  # CuPy allocations are 256-byte aligned
     try:
         kern(((Nq + br - 1) // br, B * H), (128,),
-             (qd, kd, vd, o, lse, np.int32(Nq), np.int32(Nk), np.int32(D), np.float32(scale), np.int32(causal),
+             (qd, kd, vd, o, lse, np.int32(Nq), np.int32(Nk), np.int32(D), *_lab3_scalars(scale, causal),
               np.int32(vec4)))
         cupy.cuda.runtime.deviceSynchronize()  # a crash inside the kernel surfaces here
         o_buf, lse_buf = cupy.asnumpy(o_buf), cupy.asnumpy(lse_buf)

@@ -11,7 +11,7 @@
 
 FILE defaults to the lab's template in notebooks/labs/. The grader takes only the functions (lab 2: the
 loop body) that the lab asks you to write and runs them inside its own copy of the given code, in a
-child process with a timeout per case, on the visible cases of tests/harness.py and on hidden
+child process with a timeout per case, on the visible cases of flash_attention_py/testing.py and on hidden
 randomized cases. It compares with the float64 reference under the harness's tolerance policy
 (max-abs error <= 2 x naive-attention error in the same dtype + a floor), prints one line per case,
 points per group, and a hint for the first failing case. Exit code 0 only when every case that can be

@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from flash_attention_py.common import causal_visible
+from flash_attention_py import masks
 from flash_attention_py.validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
 
 
@@ -98,7 +98,7 @@ def flash_attn_bwd_lab4(q, k, v, o, lse, do, *, causal=False, softmax_scale=None
         dV_j = np.zeros((B, H, c1 - c0, D), q.dtype)
         for i in range(math.ceil(Nq / Br)):  # inner loop over Q blocks
             r0, r1 = i * Br, min(Nq, (i + 1) * Br)
-            visible = causal_visible(np.arange(r0, r1), np.arange(c0, c1), Nq, Nk) if causal else None
+            visible = masks.visible(np.arange(r0, r1), np.arange(c0, c1), Nq, Nk, masks.CAUSAL) if causal else None
             if visible is not None and not visible.any():
                 continue  # every key of this block is hidden from every row of this Q block
             dQ_i = dq[:, :, r0:r1]

@@ -5,7 +5,7 @@ How a lab is graded
   * Only the student's TODO parts are used, inside the grader's own copy of the given code
     (grading/given_lab*.py; lab 3 and lab 5 through notebooks/labs/cuda_labs.py). A file that replaces
     the given loop with a library call gains nothing.
-  * Visible cases are those of tests/harness.py; hidden cases are drawn from a seed that a student
+  * Visible cases are those of flash_attention_py/testing.py; hidden cases are drawn from a seed that a student
     copy of the repository does not contain (notebooks/labs/instructor/hidden_seed.txt, or
     --hidden-seed N): odd sizes, Nq != Nk both ways, causal rows that see no key, several dtypes.
   * The student's code runs in a child process (grading/child.py) with a timeout per case: exit(),
@@ -33,9 +33,8 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 LABS_DIR = os.path.dirname(HERE)
 ROOT = os.path.dirname(os.path.dirname(LABS_DIR))
-TESTS = os.path.join(ROOT, "tests")
 CHILD = os.path.join(HERE, "child.py")
-for _p in (HERE, LABS_DIR, TESTS, ROOT):  # tests/ is not a package: harness.py is imported as a top-level module
+for _p in (HERE, LABS_DIR, ROOT):  # ROOT: the packages (flash_attention_py, ...) when run as a script
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -168,7 +167,7 @@ class Task:
     def name(self) -> str:
         if self.case is None:
             return self.extra.get("name", self.id)
-        import harness as H
+        import flash_attention_py.testing as H
 
         dt = "" if self.dtype == "float32" else f" {self.dtype}"
         return f"{H.case_id(self.case)} {'causal' if self.causal else 'full'}{dt}"
@@ -240,7 +239,7 @@ def make_case_inputs(case, dtype, *, need_grad_inputs=False):
 
 
 def build_tasks(lab, *, quick, hidden_seed, device, perf):
-    import harness as H
+    import flash_attention_py.testing as H
 
     def pick_hidden(*a, n_shapes=4, **kw):  # --quick: half the hidden shapes
         return hidden_cases(*a, n_shapes=max(2, n_shapes // 2) if quick else n_shapes, **kw)
@@ -476,7 +475,7 @@ def _torch(x, dtype, device):
 
 
 def check_forward(lab, t, res, naive_device):
-    import harness as H
+    import flash_attention_py.testing as H
     from flash_attention_py import attention_reference
 
     r = CaseResult(t)
@@ -499,7 +498,7 @@ def check_forward(lab, t, res, naive_device):
 
 
 def check_backward(lab, t, res):
-    import harness as H
+    import flash_attention_py.testing as H
     from flash_attention_py import attention_reference_grads
 
     r = CaseResult(t)
@@ -520,7 +519,7 @@ def check_backward(lab, t, res):
 
 
 def _check(r, qty, out, ref, naive, floor, lab, t):
-    import harness as H
+    import flash_attention_py.testing as H
 
     label = {"o": "O", "lse": "lse", "dq": "dQ", "dk": "dK", "dv": "dV"}[qty]
     try:
@@ -529,7 +528,7 @@ def _check(r, qty, out, ref, naive, floor, lab, t):
         r.status = "FAIL"
         r.reasons.append(f"{label}: {exc}")
         return False
-    # the harness's policy (tests/harness.py check_close): max-abs <= 2 x naive error in the same dtype + floor.
+    # the harness's policy (testing.check_close): max-abs <= 2 x naive error in the same dtype + floor.
     # The naive yardstick itself may give NaN where a row sees no key (some torch versions' backward): there it
     # is measured against the reference's own value, so only the rows it gets right set the scale.
     ref64, nv = H.to_f64_numpy(ref), H.to_f64_numpy(naive)
@@ -545,7 +544,7 @@ def _check(r, qty, out, ref, naive, floor, lab, t):
 
 
 def check_perf(lab, t, res):
-    import harness as H
+    import flash_attention_py.testing as H
     from flash_attention_py import attention_reference
     from flash_attention_py.common import attention_flops
 
@@ -821,9 +820,10 @@ def grade(args, paths) -> int:
     skipped = {}
     device = "cpu"
     if lab == "lab2":
-        if "TRITON_INTERPRET" not in os.environ:
-            os.environ["TRITON_INTERPRET"] = "0" if gpu else "1"
-        device = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
+        from flash_attention_triton.capabilities import interpreter_on, use_interpreter_without_gpu
+
+        use_interpreter_without_gpu()  # TRITON_INTERPRET=1 without a GPU (the child inherits it)
+        device = "cpu" if interpreter_on() else "cuda"
         if device == "cuda" and not gpu:
             print(T("TRITON_INTERPRET is not 1 and there is no CUDA GPU: unset it (or set it to 1) to use the CPU interpreter",
                     "TRITON_INTERPRET 不是 1，而这里没有 CUDA GPU：取消它（或设为 1）以使用 CPU 解释器"))

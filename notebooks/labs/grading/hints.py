@@ -18,7 +18,7 @@ WORDS = {
                  merge="the loop body", final="the epilogue", alpha="alpha = tl.exp2(m_i - m_new)"),
     "lab3": dict(exp="exp2f", fix_neginf="use fa::exp2_minus(x, m), which is 0 when m = -inf",
                  merge="merge_block_stats", final="normalize_output",
-                 alpha="a = fa::exp2_minus(m, m_new) (and the tile's l_tile by b = fa::exp2_minus(m_tile, m_new))"),
+                 alpha="a = fa::exp2_minus(m_i, m_new) (and the tile's l_ij by b = fa::exp2_minus(m_ij, m_new))"),
 }
 ACC_RULE = {"lab1": "acc = alpha[..., None] * acc + P_ij @ V_j",
             "lab2": "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)",

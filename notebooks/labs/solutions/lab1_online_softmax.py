@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from flash_attention_py.common import causal_kv_end, causal_visible
+from flash_attention_py import masks
 from flash_attention_py.validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
 
 
@@ -78,14 +78,14 @@ def flash_attn_lab1(q, k, v, *, causal=False, softmax_scale=None, block_m=32, bl
         m_i = np.full((B, H, r1 - r0), -np.inf, q.dtype)  # running row max
         l_i = np.zeros((B, H, r1 - r0), q.dtype)  # running row sum
         acc = np.zeros((B, H, r1 - r0, D), q.dtype)  # unnormalised O_i
-        kv_end = causal_kv_end(r1, Nq, Nk) if causal else Nk
+        kv_end = masks.kv_range(r0, r1, Nq, Nk, masks.window_for(causal))[1]
         for j in range(math.ceil(kv_end / Bc)):  # inner loop over K/V blocks
             c0, c1 = j * Bc, min(Nk, (j + 1) * Bc)
             Kj, Vj = k[:, :, c0:c1], v[:, :, c0:c1]
             # S_ij = scale * Q_i K_j^T, -inf where the causal rule hides a key
             S_ij = scale * (Qi @ np.swapaxes(Kj, -1, -2))
             if causal:
-                S_ij = np.where(causal_visible(np.arange(r0, r1), np.arange(c0, c1), Nq, Nk), S_ij, -np.inf)
+                S_ij = np.where(masks.visible(np.arange(r0, r1), np.arange(c0, c1), Nq, Nk, masks.CAUSAL), S_ij, -np.inf)
             m_i, l_i, acc = merge_block(m_i, l_i, acc, S_ij, Vj)
         O_hbm[:, :, r0:r1], lse_hbm[:, :, r0:r1] = finalize(m_i, l_i, acc)
     return (O_hbm, lse_hbm) if return_lse else O_hbm

@@ -1,6 +1,6 @@
 """Count the instructions that matter in each kernel's SASS (needs nvcc and cuobjdump).
 
-    PYTHONPATH=. python3 flash_attention_cuda/sass_summary.py [--arch sm_90] [--source mma.cu]
+    python3 tools/sass_summary.py [--arch sm_90] [--source mma.cu]
 
 Builds the .cu with ``nvcc -cubin --resource-usage`` and prints, per kernel, its registers/spills and
 how many HGMMA (wgmma), WARPGROUP (wgmma fence/wait), HMMA (tensor-core mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), MUFU (exp2/log2/rcp), BAR,
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flash_attention_cuda", "kernels")
 OPS = ["HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "LDS", "STS", "LDG", "STG", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP",
        "SHFL", "BAR", "LDL", "STL"]
 

@@ -5,30 +5,45 @@ that do not fit in shared memory, ...). ``triton.compile`` with an explicit ``GP
 real compiler pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin through ptxas) without a driver, so
 these mistakes show up on a CPU-only CI machine too.
 
-    python -m flash_attention_triton.aot [--full] [--json out.json]
+    python tools/triton_aot.py [--full] [--json out.json] [--jobs N] [--arch 90]
 
 must run with ``TRITON_INTERPRET`` unset or 0 (``triton.jit`` then builds compilable functions).
 Each variant reports its shared memory (``metadata.shared``) against the target's limit.
+tests/test_triton_aot_compile.py compiles ``representative_variants()`` this way on every CI run.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pathlib
 import sys
 import time
 
-from . import configs as C
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a plain checkout: the packages live next to tools/
+    sys.path.insert(0, str(ROOT))
+
+from flash_attention_py import masks  # noqa: E402
+from flash_attention_triton import configs as C  # noqa: E402
 
 _TY = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _ELEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 HEAD_DIMS = (16, 32, 40, 64, 96, 128, 256)  # 40 and 96: padded head dims (masked D loads)
+WINDOW = (128, 0)  # a local-attention window: both sides bounded, so every loop has all three stages
 
 
-def _signature(kernel, dtype: str, constexprs: dict):
-    """(signature, constexprs, attrs) as the runtime would specialise them: unit stride_*d, 16-aligned rest."""
+def _signature(kernel, dtype: str, constexprs: dict, seed_type: str = "i32"):
+    """(signature, constexprs, attrs) as the runtime would specialise them: unit stride_*d, 16-aligned rest.
+
+    ``group`` (query heads per K/V head) is the constant 1, as the runtime specialises an int argument equal
+    to 1, unless ``constexprs`` holds group=None: the grouped-query variant, where it is a run-time i32.
+    dropout_seed is a ``seed_type`` (the runtime types a seed < 2**31 as i32, a larger one as i64 or u64).
+    """
     ty = _TY[dtype]
-    sig, consts, attrs = {}, dict(constexprs), {}
+    consts = dict(constexprs)
+    gqa = "group" in consts and consts.pop("group") is None
+    sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
             sig[name] = "constexpr"
@@ -44,38 +59,52 @@ def _signature(kernel, dtype: str, constexprs: dict):
         elif name.startswith("stride_"):
             sig[name] = "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ("qk_scale", "softmax_scale"):
+        elif name in ("scale_log2", "dropout_p"):
             sig[name] = "fp32"
-        else:  # H, Nq, Nk
+        elif name == "dropout_seed":
+            sig[name] = seed_type
+        elif name == "group" and not gqa:
+            consts[name] = 1
+            sig[name] = "constexpr"
+        else:  # H, Nq, Nk (and group with grouped-query attention)
             sig[name] = "i32"
     return sig, consts, attrs
 
 
-def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal: bool, config, arch: int):
-    """Compile one variant for GPUTarget('cuda', arch, 32); returns a dict with its shared memory."""
+def _window(mask) -> tuple:
+    """A variant's mask: True / False (causal or not) or a (left, right) window of ``flash_attention_py.masks``."""
+    return masks.window_for(mask) if isinstance(mask, bool) else (int(mask[0]), int(mask[1]))
+
+
+def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
+    """Compile one variant for GPUTarget('cuda', arch, 32); returns a dict with its shared memory.
+
+    causal: True / False, or a (left, right) window (the kernels take the mask as a window of constexprs);
+    config is (BLOCK_M, BLOCK_N, num_warps, num_stages). extra: "" (plain), or "gqa" (grouped-query
+    attention: group a run-time value), "dropout" (DROPOUT on, a 64-bit seed) or both joined by "+".
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
-    from .forward_kernel import attn_fwd_kernel
+    from flash_attention_triton.backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
+    from flash_attention_triton.forward_kernel import attn_fwd_kernel
 
     kernel = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel,
               "pre": attn_bwd_preprocess}[kernel_name]
     if not isinstance(kernel, triton.runtime.jit.JITFunction):
-        raise RuntimeError("flash_attention_triton.aot needs TRITON_INTERPRET unset (it compiles for real GPUs)")
+        raise RuntimeError("tools/triton_aot.py needs TRITON_INTERPRET unset (it compiles for real GPUs)")
     BM, BN, warps, stages = config
     block_d = max(16, triton.next_power_of_2(head_dim))
     consts = {"HEAD_DIM": head_dim, "BLOCK_M": BM, "BLOCK_D": block_d}
     if kernel_name != "pre":
-        consts.update(CAUSAL=causal, BLOCK_N=BN)
-    if kernel_name == "fwd":
-        consts["NEG_SCALE"] = False
-    if kernel_name != "pre":
-        from .attention import FP32_PRECISION
+        left, right = _window(causal)
+        consts.update(WINDOW_LEFT=left, WINDOW_RIGHT=right, BLOCK_N=BN, DROPOUT="dropout" in extra,
+                      group=None if "gqa" in extra else 1)
+        from flash_attention_triton.launch import FP32_PRECISION
 
         consts["DOT_PREC"] = FP32_PRECISION if dtype == "float32" else "tf32"
-    sig, consts, attrs = _signature(kernel, dtype, consts)
+    sig, consts, attrs = _signature(kernel, dtype, consts, seed_type="i64" if "dropout" in extra else "i32")
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     options = backend.parse_options({"num_warps": warps, "num_stages": stages})
@@ -84,17 +113,21 @@ def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal: bool, c
                               target=target, options=options.__dict__)
     shared = int(compiled.metadata.shared)
     limit = C.SMEM_LIMIT[arch]
-    return dict(kernel=kernel_name, dtype=dtype, head_dim=head_dim, causal=causal, config=list(config), arch=arch,
-                shared=shared, limit=limit, fits=shared <= limit, seconds=round(time.time() - t0, 2))
+    return dict(kernel=kernel_name, dtype=dtype, head_dim=head_dim,
+                causal=causal if isinstance(causal, bool) else list(causal), window=list(_window(causal)),
+                config=list(config), arch=arch, extra=extra, shared=shared, limit=limit, fits=shared <= limit,
+                seconds=round(time.time() - t0, 2))
 
 
 def variants(full: bool = False, archs=(80, 90)):
-    """The variants to compile: (kernel, dtype, head_dim, causal, config, arch).
+    """The variants to compile: (kernel, dtype, head_dim, causal, config, arch[, extra]).
 
     Default (CI): for each arch, the fixed small-problem configs of every head dim and dtype, the
     preprocess kernel, and every autotune candidate that survives pruning at D = 64 and 128 (fp16,
     causal: the causal variant holds both the masked and the unmasked loop), plus the candidates at
-    D = 256. ``full``: every surviving candidate for every head dim, dtype and causal flag.
+    D = 256. ``full``: every surviving candidate for every head dim, dtype and causal flag, and the small
+    configs with a window bounded on both sides (three loop stages), with grouped-query attention and with
+    dropout.
     """
     out = []
     for arch in archs:
@@ -105,6 +138,12 @@ def variants(full: bool = False, archs=(80, 90)):
                 for k in ("fwd", "dkdv", "dq"):
                     out.append((k, dtype, D, True, C.small_config(k, block_d, _ELEM[dtype]), arch))
         out.append(("pre", "float16", 128, False, (128, 0, 4, 1), arch))
+        if full:
+            for D in HEAD_DIMS:
+                block_d = max(16, 1 << (D - 1).bit_length())
+                for k in ("fwd", "dkdv", "dq"):
+                    for extra in ("", "gqa", "dropout", "gqa+dropout"):
+                        out.append((k, "float16", D, WINDOW, C.small_config(k, block_d, 2), arch, extra))
         tuned = [(d, D, c) for d in ("float16", "bfloat16", "float32") for D in HEAD_DIMS for c in (False, True)] \
             if full else [("float16", 64, True), ("float16", 128, True), ("float16", 256, True)]
         for dtype, D, causal in tuned:
@@ -115,7 +154,7 @@ def variants(full: bool = False, archs=(80, 90)):
     # drop duplicates, keep order
     seen, uniq = set(), []
     for v in out:
-        key = (v[0], v[1], v[2], v[3], tuple(v[4]), v[5])
+        key = (v[0], v[1], v[2], v[3], tuple(v[4]), v[5], v[6] if len(v) > 6 else "")
         if key not in seen:
             seen.add(key)
             uniq.append(v)
@@ -124,7 +163,9 @@ def variants(full: bool = False, archs=(80, 90)):
 
 def representative_variants(archs=(80, 90)):
     """The CI set: per arch, the largest surviving autotune tiles at D = 128 (fp16), the fixed small
-    configs at D = 256 in fp32 (the most shared memory of those), D = 16 (dot K = 16) and padded D = 40."""
+    configs at D = 256 in fp32 (the most shared memory of those), D = 16 (dot K = 16) and padded D = 40,
+    and on sm_90 the three kernels with the variants together: a window bounded on both sides (a masked, an
+    unmasked and a masked stage), grouped-query attention (group a run-time value) and dropout (tl.rand)."""
     out = []
     for arch in archs:
         limit = C.SMEM_LIMIT[arch]
@@ -136,15 +177,19 @@ def representative_variants(archs=(80, 90)):
         out.append(("fwd", "float16", 16, True, C.small_config("fwd", 16, 2), arch))
         out.append(("dq", "float16", 40, True, C.small_config("dq", 64, 2), arch))
         out.append(("pre", "float16", 128, False, (128, 0, 4, 1), arch))
+        if arch == 90:
+            for k in ("fwd", "dkdv", "dq"):  # the variants at once: a window, GQA and dropout
+                out.append((k, "float16", 64, WINDOW, C.small_config(k, 64, 2), arch, "gqa+dropout"))
     return out
 
 
 def _compile_star(v):
-    k, dtype, D, causal, cfg, arch = v
+    k, dtype, D, causal, cfg, arch = v[:6]
+    extra = v[6] if len(v) > 6 else ""
     try:
-        return compile_variant(k, dtype, D, causal, cfg, arch)
+        return compile_variant(k, dtype, D, causal, cfg, arch, extra)
     except Exception as exc:  # report every failure, not only the first
-        return dict(kernel=k, dtype=dtype, head_dim=D, causal=causal, config=list(cfg), arch=arch,
+        return dict(kernel=k, dtype=dtype, head_dim=D, causal=causal, config=list(cfg), arch=arch, extra=extra,
                     error=f"{type(exc).__name__}: {str(exc)[:500]}")
 
 

@@ -1,11 +1,12 @@
 """Run compute-sanitizer (memcheck, racecheck and synccheck) over every kernel of the CUDA ladder.
 
-    PYTHONPATH=. python3 flash_attention_cuda/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
+    PYTHONPATH=. python3 tools/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
 
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels at small odd shapes: N = 100 (and Nq != Nk),
-D = 64 (and odd D for the fp32 rungs), causal and not. Exit status 0 only if every tool reports
+D = 64 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query heads,
+dropout) on the tensor-core rungs, forward and backward. Exit status 0 only if every tool reports
 0 errors. Needs a GPU.
 """
 from __future__ import annotations
@@ -23,23 +24,34 @@ CASES = [  # (B, H, Nq, Nk, D)
     (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (mma only takes 64/128)
 ]
 
+VARIANT_CASES = [  # (B, Hq, Hk, Nq, Nk, D)
+    (2, 4, 2, 100, 137, 64),
+    (1, 3, 1, 77, 50, 128),  # Nq > Nk
+    (1, 2, 2, 130, 130, 64),
+]
+VARIANT_KINDS = [  # (causal, window_size, dropout_p), one per case
+    (False, (5, 2), 0.17),
+    (True, (20, -1), 0.0),
+    (False, (-1, -1), 0.5),
+]
+
 
 def inner() -> int:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from flash_attention_cuda import RUNGS, flash_attn_cuda, flash_attn_cuda_backward, seed_nomax_forward
-    from flash_attention_cuda.launcher import HOPPER_ONLY, compute_capability
+    from flash_attention_cuda.capabilities import is_hopper
     from flash_attention_py import make_inputs
 
-    cc = compute_capability(torch.cuda.current_device())
+    hopper = is_hopper(torch.cuda.get_device_capability())
 
     n = 0
     for B, H, Nq, Nk, D in CASES:
         for kernel, rung in RUNGS.items():
-            if kernel in HOPPER_ONLY and cc != HOPPER_ONLY[kernel]:
+            if rung.hopper_only and not hopper:
                 continue  # wgmma: sm_90a only
-            for dtype in rung.dtypes:
+            for dtype in rung.dtypes["cuda"]:
                 if not rung.supports(dtype, D):
                     continue
                 x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda")
@@ -53,6 +65,15 @@ def inner() -> int:
             x = make_inputs(B, H, Nq, Nk, D, dtype="float32", kind="torch", device="cuda")
             seed_nomax_forward(x["q"], x["k"], x["v"])
             n += 1
+    # the variants (window, grouped-query heads, dropout) on the tensor-core rungs, forward and backward
+    for kernel in ("mma", "wgmma") if hopper else ("mma",):
+        for (B, Hq, Hk, Nq, Nk, D), (causal, window, p) in zip(VARIANT_CASES, VARIANT_KINDS):
+            q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, Hk, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            kw = dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=2**33 + 1 if p else None)
+            o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
+            flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), **kw)
+            n += 4
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0

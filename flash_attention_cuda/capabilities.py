@@ -1,0 +1,129 @@
+"""What the CUDA rungs take, declared once, and whether they can run here.
+
+    CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma' -> Capability (the forward kernels)
+    BACKWARD         'mma', 'tiled' -> Capability (the backward kernels: mma_backward.cu, backward.cu)
+    is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
+    has_mma(cc)      compute capability >= 8.0: mma.sync m16n8k16 for fp16 and bf16
+    mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
+    cuda_unavailable_reason(), probe functions for the registry and the tests
+
+The launcher's input checks read these tables (``launcher.RUNGS`` is ``CAPABILITIES`` keyed by kernel name),
+so what a kernel refuses and what the test harness asks of it come from one place. Nothing heavy is imported
+here at import time: torch and cupy only inside the probes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from flash_attention_py.capabilities import Capability, torch_cuda_reason
+from flash_attention_py.validation import FLOAT_DTYPES
+
+__all__ = ["CAPABILITIES", "BACKWARD", "KERNEL_OF", "HOPPER", "is_hopper", "has_mma", "mma_backward_applies", "cc_text",
+           "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
+
+HOPPER = (9, 0)  # wgmma.cu uses sm_90a instructions: compute capability 9.0 exactly
+MMA_MIN_CC = (8, 0)  # mma.sync m16n8k16 with bf16 inputs, ldmatrix, cp.async
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+
+
+def _as_pair(cc) -> tuple:
+    """(major, minor) from a tuple, or from CuPy's string spelling ('90' for an H100, '80' for an A100)."""
+    if isinstance(cc, str):
+        return (int(cc[:-1]), int(cc[-1]))
+    major, minor = cc
+    return (int(major), int(minor))
+
+
+def is_hopper(cc) -> bool:
+    """True iff compute capability ``cc`` ((9, 0) or '90') can load the sm_90a kernel (wgmma.cu)."""
+    return _as_pair(cc) == HOPPER
+
+
+def has_mma(cc) -> bool:
+    """True iff compute capability ``cc`` has the tensor-core instructions mma.cu and mma_backward.cu use."""
+    return _as_pair(cc) >= MMA_MIN_CC
+
+
+def mma_backward_applies(dtype: str, D: int, cc) -> bool:
+    """The tensor-core backward (mma_backward.cu) takes this dtype and head dim on compute capability ``cc``."""
+    return BACKWARD["mma"].supports(dtype, D) and has_mma(cc)
+
+
+def cc_text(cc) -> str:
+    """'9.0' for (9, 0) or '90'."""
+    major, minor = _as_pair(cc)
+    return f"{major}.{minor}"
+
+
+# -------------------------------------------------------------------- probes
+def cuda_unavailable_reason() -> Optional[str]:
+    """Why the CuPy/CUDA backend cannot launch here, or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "cupy is not installed"
+    try:
+        if not cupy.cuda.is_available():
+            return "no CUDA GPU: cupy.cuda.is_available() is False (CuPy imports but cannot launch)"
+    except Exception as exc:  # a broken driver install raises here
+        return f"CuPy cannot reach a GPU: {exc}"
+    return torch_cuda_reason()
+
+
+def student_release_reason() -> Optional[str]:
+    """A student release (notebooks/labs/release.py) ships lab 3's template as tiled.cu: its bodies are the lab."""
+    tiled = os.path.join(KERNEL_DIR, "tiled.cu")
+    if os.path.isfile(tiled):
+        with open(tiled) as f:
+            if "is not written yet" in f.read():
+                return "student release: tiled.cu is lab 3's template"
+    return None
+
+
+def cuda_probe(device: str) -> Optional[str]:
+    return cuda_unavailable_reason()
+
+
+def tiled_probe(device: str) -> Optional[str]:
+    return student_release_reason() or cuda_unavailable_reason()
+
+
+def hopper_probe(device: str) -> Optional[str]:
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        import torch
+
+        cc = torch.cuda.get_device_capability()
+        if not is_hopper(cc):
+            reason = f"needs a Hopper GPU (compute capability 9.0, sm_90a); this one has {cc_text(cc)}"
+    return reason
+
+
+# -------------------------------------------------------------------- the tables
+_FP32 = {"cuda": ("float32",)}
+_HALF = {"cuda": ("float16", "bfloat16")}
+# The tensor-core kernels (mma.cu, wgmma.cu, mma_backward.cu) take every variant: a window, grouped-query K/V
+# heads and dropout; the fp32 kernels (naive.cu, tiled.cu, backward.cu) the causal mask only.
+_ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
+
+CAPABILITIES = {
+    c.name: c
+    for c in (
+        Capability("cuda-naive", dtypes=_FP32, max_head_dim=128, probe=cuda_probe),
+        Capability("cuda-tiled", dtypes=_FP32, max_head_dim=128, probe=tiled_probe),
+        Capability("cuda-mma", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128, variants=_ALL_VARIANTS,
+                   probe=cuda_probe),
+        Capability("cuda-wgmma", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128, hopper_only=True,
+                   variants=_ALL_VARIANTS, probe=hopper_probe),
+    )
+}
+KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-mma' -> 'mma', the launcher's kernel=
+
+# The backward of every rung: the tensor-core kernels (mma_backward.cu, compute capability >= 8.0) where they
+# apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64 are converted to fp32 and back).
+BACKWARD = {
+    "mma": Capability("cuda-mma-backward", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128,
+                      variants=_ALL_VARIANTS, probe=cuda_probe),
+    "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
+}

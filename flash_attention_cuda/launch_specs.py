@@ -1,0 +1,362 @@
+"""How each kernel of the ladder is launched: grid, block, dynamic shared memory and arguments, side by side.
+
+One function per kernel turns a :class:`Problem` (sizes, dtype, softmax_scale, mask window) into a
+:class:`LaunchSpec`: the template instantiation NVRTC compiles, the grid and block, the bytes of dynamic
+shared memory, the buffers (pointer arguments, named as in the .cu) and the scalar arguments that follow
+them, in the kernel's order. The specs are plain data, so the tests check them on any machine against the
+``__global__`` declarations parsed from the .cu files.
+
+    forward   naive_fwd, tiled_fwd, mma_fwd, wgmma_fwd   (and seed_nomax_fwd, the seed lab's arithmetic)
+    backward  bwd_preprocess, bwd_dkdv, bwd_dq                   (backward.cu, fp32)
+              mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
+
+Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
+and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
+``flash_attention_py/masks.py``): nothing else turns them into kernel arguments. The tensor-core kernels
+(mma, wgmma, mma_backward) then take the other variants (``variant_args``): ``group`` = Hq // Hk query heads
+per K/V head (grouped-query attention; 1 without) and dropout as ``(dropout_p, seed_lo, seed_hi)``; a
+dropout launch names the template instantiation with ``DROPOUT = true`` (``..., true>``), the others the
+default (no dropout code compiled in).
+
+``run_forward`` and ``run_backward`` launch them on inputs the launcher has checked already (the custom ops
+of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CONFIGS`` (per head dim) and
+``MMA_BACKWARD_CONFIG``. A sweep passes its own instead, leaving the tables as they are:
+``launcher.forward_with_config`` (checked, like ``flash_attn_cuda``) or ``run_backward(..., config=...)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from flash_attention_py.validation import dtype_name
+
+from . import runtime
+from .capabilities import mma_backward_applies
+
+__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG",
+           "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
+           "seed_nomax_fwd",
+           "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
+           "mma_bwd_dq", "run_forward", "run_backward", "run_seed_nomax"]
+
+# mma: (Bc keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
+# A block holds Br = 16 * tiles * warps query rows.
+# Chosen by the config sweep (`python -m benchmarks --preset cuda-ladder --sweep`) on an H100
+# (docs/results/cuda/cuda_ladder.json).
+MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
+# wgmma: (Bc keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
+WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
+# mma backward: (warps per block, rows of the tile each kernel loops over): 64 x 64 tiles.
+# Chosen by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`).
+MMA_BACKWARD_CONFIG = (4, 64)
+
+
+class Problem(NamedTuple):
+    """One attention call as the kernels see it: q (B, H, Nq, D), k and v (B, H, Nk, D) of ``dtype``."""
+
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    D: int
+    dtype: str
+    scale: float  # softmax_scale, natural units
+    window: tuple  # (left, right), -1 = unbounded; causal = (-1, 0)
+    Hk: Optional[int] = None  # K/V heads (grouped-query attention: H % Hk == 0); None: H
+    dropout_p: float = 0.0  # probability of dropping a weight, in [0, 1)
+    dropout_seed: Optional[int] = None  # int in [0, 2**64), given when dropout_p > 0
+
+    @property
+    def kv_heads(self) -> int:
+        return self.H if self.Hk is None else self.Hk
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head: query head h reads K/V head h // group."""
+        return self.H // self.kv_heads
+
+    @property
+    def dropout(self) -> bool:
+        return self.dropout_p > 0.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One kernel launch: ``kernels/<source>``'s instantiation ``name`` with ``grid`` x ``block`` threads.
+
+    smem: bytes of dynamic shared memory (0: the kernel's shared memory is static).
+    buffers: the pointer arguments, named as in the kernel's parameter list, in its order.
+    scalars: ((name, NumPy scalar), ...): the arguments after the pointers, in the kernel's order.
+    """
+
+    source: str
+    name: str
+    grid: tuple
+    block: tuple
+    smem: int
+    buffers: tuple
+    scalars: tuple
+
+    @property
+    def scalar_values(self) -> tuple:
+        return tuple(value for _, value in self.scalars)
+
+
+def scale_args(scale: float) -> tuple:
+    """The kernels' scale argument: (np.float32(softmax_scale * log2(e)),), signed (scores in log2 units)."""
+    return (np.float32(scale * math.log2(math.e)),)
+
+
+def mask_args(window) -> tuple:
+    """The kernels' mask arguments: (np.int32(window_left), np.int32(window_right)); causal is (-1, 0)."""
+    left, right = window
+    return (np.int32(left), np.int32(right))
+
+
+def variant_args(p: Problem) -> tuple:
+    """The tensor-core kernels' arguments after the window: (("group", int32), ("dropout_p", float32),
+    ("seed_lo", uint32), ("seed_hi", uint32)); the seed's 32-bit halves are Philox's key words (philox.cuh)."""
+    seed = (p.dropout_seed or 0) if p.dropout else 0
+    return (("group", np.int32(p.group)), ("dropout_p", np.float32(p.dropout_p if p.dropout else 0.0)),
+            ("seed_lo", np.uint32(seed & 0xFFFFFFFF)), ("seed_hi", np.uint32(seed >> 32)))
+
+
+def _tc_args(p: Problem) -> tuple:
+    """The scalars of a tensor-core kernel: (Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
+    seed_lo, seed_hi)."""
+    return _common(p, with_d=False) + variant_args(p)
+
+
+def _dropout_flag(p: Problem) -> str:
+    """The DROPOUT template argument: appended only when set (the default instantiation has none)."""
+    return ", true" if p.dropout else ""
+
+
+def pad_dim(D: int) -> int:
+    """The fp32 kernels' D_PAD template argument: D rounded up to 32, 64 or 128."""
+    for p in (32, 64, 128):
+        if D <= p:
+            return p
+    raise ValueError(f"pad_dim: D must be <= 128, got {D}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _common(p: Problem, with_d: bool) -> tuple:
+    """(Nq, Nk[, D], scale_log2, window_left, window_right) as (name, value) pairs."""
+    sizes = (("Nq", np.int32(p.Nq)), ("Nk", np.int32(p.Nk))) + ((("D", np.int32(p.D)),) if with_d else ())
+    return sizes + (("scale_log2", *scale_args(p.scale)),) + tuple(zip(("window_left", "window_right"),
+                                                                       mask_args(p.window)))
+
+
+def _bf16(p: Problem) -> str:
+    return "true" if p.dtype == "bfloat16" else "false"
+
+
+_FWD_BUFFERS = ("Q", "K", "V", "O", "LSE")
+
+
+# ------------------------------------------------------------------------------------ forward
+def naive_fwd(p: Problem) -> LaunchSpec:
+    """naive.cu: one thread per query row, Br = 64 rows per block, Bc = 32 keys per K/V tile (static smem)."""
+    dp, Bc, Br = pad_dim(p.D), 32, 64
+    return LaunchSpec("naive.cu", f"naive_fwd<{dp}, {Bc}, {Br}>", (_cdiv(p.Nq, Br), p.B * p.H), (Br,), 0,
+                      _FWD_BUFFERS, _common(p, with_d=True))
+
+
+def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
+    """tiled.cu: 4 warps of ROWS query rows each (Br = 4 * ROWS), static smem; vec4: float4 loads are aligned."""
+    dp = pad_dim(p.D)
+    rows = 4 if dp == 128 else 8
+    Br = 4 * rows
+    return LaunchSpec("tiled.cu", f"tiled_fwd<{dp}, {rows}>", (_cdiv(p.Nq, Br), p.B * p.H), (128,), 0,
+                      _FWD_BUFFERS, _common(p, with_d=True) + (("vec4", np.int32(int(vec4))),))
+
+
+def mma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """mma.cu: (Bc, warps, m16 tiles per warp) = config or MMA_CONFIGS[D]; Br = 16 * tiles * warps."""
+    Bc, nw, mt = config or MMA_CONFIGS[p.D]
+    Br = 16 * mt * nw
+    # mma.cu, mma_fwd's `extern __shared__` carve-up: sQ (Br, D), sK 2 x (Bc, D), sV 2 x (Bc, D), 16-bit
+    smem = (Br + 4 * Bc) * p.D * 2
+    return LaunchSpec("mma.cu", f"mma_fwd<{p.D}, {Bc}, {nw}, {mt}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nq, Br), p.B * p.H), (32 * nw,), smem, _FWD_BUFFERS, _tc_args(p))
+
+
+def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """wgmma.cu: (Bc, warpgroups) = config or WGMMA_CONFIGS[D]; Br = 64 * warpgroups (sm_90a only)."""
+    Bc, nwg = config or WGMMA_CONFIGS[p.D]
+    Br = 64 * nwg
+    # wgmma.cu, wgmma_fwd's `extern __shared__ ... smem_raw` carve-up: sQ (Br, D), sK and sV 2 x (Bc, D) each,
+    # 16-bit, plus up to 1024 bytes of `pad` that aligns the tiles to 1024 bytes (the 128-byte swizzle)
+    smem = (Br + 4 * Bc) * p.D * 2 + 1024
+    return LaunchSpec("wgmma.cu", f"wgmma_fwd<{p.D}, {Bc}, {nwg}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nq, Br), p.B * p.H), (128 * nwg,), smem, _FWD_BUFFERS, _tc_args(p))
+
+
+def seed_nomax_fwd(p: Problem) -> LaunchSpec:
+    """naive.cu's seed_nomax_fwd: the seed lab's sum of exp(S_ij) without a running max, full attention."""
+    dp, Bc, Br = pad_dim(p.D), 32, 64
+    sizes = (("Nq", np.int32(p.Nq)), ("Nk", np.int32(p.Nk)), ("D", np.int32(p.D)))
+    return LaunchSpec("naive.cu", f"seed_nomax_fwd<{dp}, {Bc}, {Br}>", (_cdiv(p.Nq, Br), p.B * p.H), (Br,), 0,
+                      ("Q", "K", "V", "O"), sizes + (("scale_log2", *scale_args(p.scale)),))
+
+
+def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None) -> LaunchSpec:
+    """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma'); config: mma/wgmma only."""
+    if kernel == "naive":
+        return naive_fwd(p)
+    if kernel == "tiled":
+        return tiled_fwd(p, vec4)
+    if kernel == "mma":
+        return mma_fwd(p, config)
+    if kernel == "wgmma":
+        return wgmma_fwd(p, config)
+    raise ValueError(f"forward_spec: unknown kernel {kernel!r}; expected naive, tiled, mma or wgmma")
+
+
+# ------------------------------------------------------------------------------------ backward
+def bwd_preprocess(p: Problem) -> LaunchSpec:
+    """backward.cu: D_i = rowsum(dO_i * O_i), one warp per row, 4 rows per block of 128 threads."""
+    rows = p.B * p.H * p.Nq
+    return LaunchSpec("backward.cu", "bwd_preprocess", (_cdiv(rows, 4),), (128,), 0, ("O", "dO", "Delta"),
+                      (("rows", np.int64(rows)), ("D", np.int32(p.D))))
+
+
+def _bwd_tile(p: Problem) -> tuple:
+    dp = pad_dim(p.D)
+    return dp, (16 if dp == 128 else 32)  # (D_PAD, BT): BT x BT tiles of S_ij (static smem)
+
+
+_BWD_IN = ("Q", "K", "V", "dO", "LSE", "Delta")
+
+
+def bwd_dkdv(p: Problem) -> LaunchSpec:
+    """backward.cu: one block per BT keys, looping over the query blocks that see them (fp32)."""
+    dp, bt = _bwd_tile(p)
+    return LaunchSpec("backward.cu", f"bwd_dkdv<{dp}, {bt}>", (_cdiv(p.Nk, bt), p.B * p.H), (128,), 0,
+                      _BWD_IN + ("dK", "dV"), _common(p, with_d=True))
+
+
+def bwd_dq(p: Problem) -> LaunchSpec:
+    """backward.cu: one block per BT queries, looping over the key blocks they see (fp32)."""
+    dp, bt = _bwd_tile(p)
+    return LaunchSpec("backward.cu", f"bwd_dq<{dp}, {bt}>", (_cdiv(p.Nq, bt), p.B * p.H), (128,), 0,
+                      _BWD_IN + ("dQ",), _common(p, with_d=True))
+
+
+def mma_bwd_preprocess(p: Problem) -> LaunchSpec:
+    """mma_backward.cu: D_i = rowsum(dO_i * O_i) from 16-bit O and dO, 4 rows per block of 128 threads."""
+    rows = p.B * p.H * p.Nq
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_preprocess<{p.D}, {_bf16(p)}>", (_cdiv(rows, 4),), (128,), 0,
+                      ("O", "dO", "Delta"), (("rows", np.int64(rows)),))
+
+
+def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps keys per block, one block
+    row per K/V head (B * Hk: each block sums dK, dV over its group's query heads)."""
+    nw, tile = config or MMA_BACKWARD_CONFIG
+    Bc = 16 * nw
+    # mma_backward.cu, mma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; then
+    # sL and sDl 2 x tile floats each (lse and Delta)
+    smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4
+    # template flags DROPOUT, GQA (the loop over a K/V head's query heads), each given only when needed
+    flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_dkdv<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (32 * nw,), smem, _BWD_IN + ("dK", "dV"), _tc_args(p))
+
+
+def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps queries per block."""
+    nw, tile = config or MMA_BACKWARD_CONFIG
+    Br = 16 * nw
+    # mma_backward.cu, mma_bwd_dq's carve-up: sQ, sdO (Br, D); sK, sV 2 x (tile, D), 16-bit
+    smem = (2 * Br + 4 * tile) * p.D * 2
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_dq<{p.D}, {nw}, {tile}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nq, Br), p.B * p.H), (32 * nw,), smem, _BWD_IN + ("dQ",), _tc_args(p))
+
+
+# ------------------------------------------------------------------------------------ launching (checked inputs)
+def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    p_drop, seed = dropout
+    # a bound past Nq + Nk hides nothing (left >= Nk and right >= Nq already do not): clamp it there, so the
+    # kernels' int32 index arithmetic (i + Nk - Nq + right) cannot overflow whatever int the caller passed
+    window = tuple(min(int(w), Nq + Nk) for w in window)
+    return Problem(B, H, Nq, Nk, D, dtype or dtype_name(q), float(scale), window, int(k.shape[1]),
+                   float(p_drop), None if seed is None else int(seed))
+
+
+def _check_variants(kernel: str, p: Problem, fn: str) -> None:
+    """The fp32 kernels (naive, tiled, backward.cu) take the causal mask only: the other variants are refused
+    here too, so no launch can ignore them (the public functions refuse them first, with the same table)."""
+    if kernel in ("mma", "wgmma"):
+        return
+    used = [name for name, on in (("window_size", tuple(p.window) not in ((-1, -1), (-1, 0))),
+                                  ("grouped-query K/V heads", p.kv_heads != p.H), ("dropout_p", p.dropout)) if on]
+    if used:
+        raise ValueError(f"{fn}: kernel {kernel!r} does not take {', '.join(used)}; the variants need the "
+                         f"tensor-core kernels (mma, wgmma; backward: mma)")
+
+
+def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tuple] = None, dropout=(0.0, None)):
+    """Launch rung ``kernel``'s forward on checked q, k, v (made contiguous) -> (o in q's dtype, lse float32).
+
+    q (B, Hq, Nq, D); k, v (B, Hk, Nk, D) with Hq % Hk == 0 (mma, wgmma; the others Hk == Hq); dropout:
+    (dropout_p, dropout_seed), checked (mma, wgmma only)."""
+    q, k, v = (runtime.contig(x) for x in (q, k, v))
+    p = _problem(q, k, scale, window, dropout=dropout)
+    _check_variants(kernel, p, "run_forward")
+    stream = runtime.Stream(q)
+    o = runtime.empty(q, (p.B, p.H, p.Nq, p.D), p.dtype)
+    lse = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
+    vec4 = p.D % 4 == 0 and all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
+    runtime.launch(stream, forward_spec(kernel, p, vec4=vec4, config=config), dict(Q=q, K=k, V=v, O=o, LSE=lse))
+    return o, lse
+
+
+def run_seed_nomax(q, k, v, scale: float):
+    """The seed lab kernel on checked float32 q, k, v (full attention) -> o."""
+    q, k, v = (runtime.contig(x) for x in (q, k, v))
+    p = _problem(q, k, scale, (-1, -1))
+    o = runtime.empty(q, (p.B, p.H, p.Nq, p.D), "float32")
+    runtime.launch(runtime.Stream(q), seed_nomax_fwd(p), dict(Q=q, K=k, V=v, O=o), as_arg=runtime.as_cupy)
+    return o
+
+
+def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
+                 dropout=(0.0, None)):
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'mma' (fp16/bf16, D 64/128), 'tiled' (fp32 kernels:
+    other dtypes are converted to float32 and the gradients back) or 'auto' (mma where it applies).
+
+    q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (mma only): dK, dV (B, Hk, Nk, D) are summed
+    over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (mma only)."""
+    if kernel == "auto":
+        kernel = "mma" if mma_backward_applies(dtype_name(q), q.shape[-1], runtime.device_cc(q)) else "tiled"
+    out_dtype = dtype_name(q)
+    if kernel == "mma":
+        q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
+        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, lambda p: mma_bwd_dkdv(p, config),
+                                      lambda p: mma_bwd_dq(p, config))
+    else:
+        q, k, v, o, do, lse = (runtime.convert(x, "float32") for x in (q, k, v, o, do, lse))
+        as_arg, specs = runtime.as_cupy, (bwd_preprocess, bwd_dkdv, bwd_dq)
+    p = _problem(q, k, scale, window, dropout=dropout)
+    _check_variants(kernel, p, "run_backward")
+    stream = runtime.Stream(q)
+    grads = dict(dQ=runtime.empty(q, q.shape, p.dtype), dK=runtime.empty(q, k.shape, p.dtype),
+                 dV=runtime.empty(q, v.shape, p.dtype))
+    arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
+    for make in specs:  # D_i first, then dK/dV and dQ (both read D_i)
+        runtime.launch(stream, make(p), arrays, as_arg=as_arg)
+    dq, dk, dv = grads["dQ"], grads["dK"], grads["dV"]
+    if out_dtype != p.dtype:
+        dq, dk, dv = (runtime.convert(g, out_dtype) for g in (dq, dk, dv))
+    return dq, dk, dv
+

@@ -1,0 +1,242 @@
+"""Compile, cache and launch the kernels of ``kernels/*.cu`` through CuPy: everything about the GPU runtime.
+
+* Sources: ``kernels/*.cu`` plus the project headers ``kernels/*.cuh``, inlined here (``read_source``) so the
+  compiled-module cache keys on the full text. They include no host header: NVRTC compiles them at run
+  time, ``nvcc -cubin`` in the tests.
+* wgmma.cu uses Hopper-only instructions, so it is compiled for ``sm_90a`` by NVRTC directly (CuPy's
+  RawModule always names the plain ``sm_XX`` target) and loaded from the cubin (``_load_sm90a``).
+* Templates: each launch names one instantiation (``"mma_fwd<128, 64, 4, 2, false>"``) through
+  ``cupy.RawModule(name_expressions=...)``; the compiled kernel is cached per (source, name, device).
+* Arguments: device pointers are passed as Python ints (``ptr``: ``tensor.data_ptr()``), the cheapest way
+  through CuPy's launcher; ``as_cupy`` gives a zero-copy DLPack view instead (fp16/bf16 as int16: CuPy has
+  no bfloat16), which is the same memory.
+* Streams: kernels run on torch's current stream (``cupy.cuda.ExternalStream``), or on CuPy's current
+  stream for CuPy inputs (``Stream``).
+* Shared memory above 48 KiB needs an opt-in per kernel (``launch`` sets it once).
+
+Nothing here checks inputs: the launcher does, before any of this runs. torch and cupy are imported lazily.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+import threading
+import warnings
+
+from flash_attention_py.validation import array_kind
+
+__all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", "get_kernel", "compute_capability",
+           "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert"]
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu", "mma_backward.cu")
+HEADERS = tuple(sorted(os.path.basename(p) for p in glob.glob(os.path.join(KERNEL_DIR, "*.cuh"))))
+HOPPER_SOURCES = ("wgmma.cu",)  # sm_90a only
+
+# ------------------------------------------------------------------------------------ compilation
+_LOCK = threading.Lock()
+_KERNEL_CACHE: dict = {}  # (source, name expression, device id) -> cupy.RawKernel
+
+
+def read_source(source: str) -> str:
+    """The .cu text with the project's ``#include "x.cuh"`` inlined, each header once (what NVRTC compiles)."""
+    seen = set()
+
+    def expand(fname):
+        with open(os.path.join(KERNEL_DIR, fname)) as f:
+            text = f.read()
+        out = []
+        for line in text.splitlines(keepends=True):
+            m = re.match(r'\s*#\s*include\s+"([\w.]+\.cuh)"', line)
+            if m:
+                if m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    out.append(expand(m.group(1)))
+                continue
+            out.append(line)
+        return "".join(out)
+
+    return expand(source)
+
+
+def _load_sm90a(code: str, name: str):
+    """Compile ``code`` for sm_90a with NVRTC, load the cubin, return the kernel ``name`` (a RawKernel)."""
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(code, "wgmma.cu", (), ())
+    try:
+        nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, ("--std=c++17", "-arch=sm_90a", "--device-as-default-execution-space"))
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed to compile {name} for sm_90a:\n{nvrtc.getProgramLog(prog)}") from exc
+        lowered = nvrtc.getLoweredName(prog, name)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "wgmma.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        module = cupy.RawModule(path=path)  # loads the cubin now
+        return module.get_function(lowered)
+
+
+def get_kernel(source: str, name: str, device_id: int):
+    """The compiled kernel ``name`` (a template instantiation such as ``tiled_fwd<64, 8>``), cached."""
+    import cupy
+
+    key = (source, name, device_id)
+    kern = _KERNEL_CACHE.get(key)
+    if kern is None:
+        with _LOCK:
+            kern = _KERNEL_CACHE.get(key)
+            if kern is None:
+                with cupy.cuda.Device(device_id):
+                    if source in HOPPER_SOURCES:
+                        kern = _load_sm90a(read_source(source), name)
+                    else:
+                        module = cupy.RawModule(code=read_source(source), options=("--std=c++17",),
+                                                name_expressions=[name])
+                        kern = module.get_function(name)
+                _KERNEL_CACHE[key] = kern
+    return kern
+
+
+def compute_capability(device_id: int) -> str:
+    """'90' for an H100, '80' for an A100 (CuPy's spelling)."""
+    import cupy
+
+    return cupy.cuda.Device(device_id).compute_capability
+
+
+_CC: dict = {}  # device index -> (major, minor)
+
+
+def device_cc(x) -> tuple:
+    """(major, minor) compute capability of the GPU that holds x (a torch CUDA tensor or a CuPy array), cached."""
+    if array_kind(x) == "torch":
+        import torch
+
+        idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if idx not in _CC:
+            # torch's query, not CuPy's: torch.compile folds it to a constant, where CuPy would break the graph
+            props = torch.cuda.get_device_properties(idx)
+            _CC[idx] = (props.major, props.minor)
+        return _CC[idx]
+    idx = x.device.id
+    if idx not in _CC:
+        cc = compute_capability(idx)
+        _CC[idx] = (int(cc[:-1]), int(cc[-1]))
+    return _CC[idx]
+
+
+# ------------------------------------------------------------------------------------ streams and launches
+_STREAMS: dict = {}  # (torch stream pointer, device) -> cupy.cuda.ExternalStream
+_SMEM_SET: set = set()  # kernels whose dynamic shared-memory limit was raised already
+
+
+class Stream:
+    """The device and stream of one call: torch's current stream for torch tensors, CuPy's for CuPy arrays."""
+
+    def __init__(self, x):
+        import cupy
+
+        if array_kind(x) == "torch":
+            import torch
+
+            self.device_id = x.device.index if x.device.index is not None else torch.cuda.current_device()
+            handle = torch.cuda.current_stream(x.device).cuda_stream
+            self.stream = _STREAMS.get((handle, self.device_id))
+            if self.stream is None:
+                with warnings.catch_warnings():  # CuPy 14 marks ExternalStream deprecated; it still works
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self.stream = cupy.cuda.ExternalStream(handle, self.device_id)
+                _STREAMS[(handle, self.device_id)] = self.stream
+        else:
+            self.device_id = x.device.id
+            self.stream = None
+
+    def run(self, kern, grid, block, args, shared_mem=0):
+        import cupy
+
+        with cupy.cuda.Device(self.device_id):
+            if self.stream is not None:
+                with self.stream:
+                    kern(grid, block, args, shared_mem=shared_mem)
+            else:
+                kern(grid, block, args, shared_mem=shared_mem)
+
+
+def launch(stream: Stream, spec, arrays: dict, as_arg=None) -> None:
+    """Compile (once) and launch the kernel of a ``launch_specs.LaunchSpec`` on ``stream``.
+
+    arrays: buffer name -> array, for the names in ``spec.buffers``; as_arg turns each into a kernel argument
+    (default ``ptr``: a raw device address). Opts the kernel into more than 48 KiB of dynamic shared memory
+    the first time it needs it.
+    """
+    kern = get_kernel(spec.source, spec.name, stream.device_id)
+    if spec.smem > 48 * 1024 and id(kern) not in _SMEM_SET:
+        if kern.max_dynamic_shared_size_bytes < spec.smem:
+            kern.max_dynamic_shared_size_bytes = spec.smem
+        _SMEM_SET.add(id(kern))
+    to_arg = as_arg or ptr
+    args = tuple(to_arg(arrays[name]) for name in spec.buffers) + spec.scalar_values
+    stream.run(kern, spec.grid, spec.block, args, shared_mem=spec.smem)
+
+
+# ------------------------------------------------------------------------------------ array plumbing
+def ptr(x) -> int:
+    """Device address of a torch tensor or CuPy array: kernels take raw pointers (a Python int is passed as
+    8 bytes), which skips building CuPy views of torch tensors on every call."""
+    return x.data_ptr() if array_kind(x) == "torch" else int(x.data.ptr)
+
+
+def as_cupy(x):
+    """Zero-copy CuPy view of a contiguous torch tensor or CuPy array (16-bit floats as int16)."""
+    import cupy
+
+    if array_kind(x) == "torch":
+        import torch
+
+        x = x.detach()  # same memory; DLPack refuses tensors that require grad
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.view(torch.int16)
+        return cupy.from_dlpack(x)
+    if x.dtype == cupy.float16:
+        return x.view(cupy.int16)
+    return x
+
+
+def contig(x):
+    """x itself if C-contiguous, else a contiguous copy (torch tensor or CuPy array)."""
+    if array_kind(x) == "torch":
+        return x.contiguous()
+    import cupy
+
+    return cupy.ascontiguousarray(x)
+
+
+def convert(x, dtype: str):
+    """A contiguous copy of x in ``dtype`` ('float32', 'bfloat16', ...), or x when it already is one."""
+    if array_kind(x) == "torch":
+        import torch
+
+        return x.to(getattr(torch, dtype)).contiguous()
+    import cupy
+
+    return cupy.ascontiguousarray(x, dtype=dtype)
+
+
+def empty(like, shape, dtype: str):
+    """An uninitialised array of ``shape`` and ``dtype`` on like's device, of like's kind (torch or CuPy)."""
+    if array_kind(like) == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    import cupy
+
+    return cupy.empty(shape, dtype=dtype)

@@ -1,0 +1,253 @@
+"""The launchers of the Triton kernels: grids, configs (fixed or autotuned) and arguments.
+
+    _forward(q, k, v, window, scale, config=None, *, dropout_p=0.0, dropout_seed=None) -> (o, lse)
+    _backward(q, k, v, o, lse, do, window, scale, configs=None, *, dropout_p=0.0, dropout_seed=None)
+        -> (dq, dk, dv)
+
+Inputs are already checked (``attention.check_inputs``). q is (B, H, Nq, D); k and v (B, Hk, Nk, D) with
+H % Hk == 0 (grouped-query attention when Hk < H: the kernels take group = H // Hk and read K/V head
+h // group, no copy). window is the mask as (left, right) of ``flash_attention_py.masks`` (a ``causal``
+flag is accepted too: ``masks.window_for``); the kernels take it as the constexprs WINDOW_LEFT /
+WINDOW_RIGHT: each window is one compiled variant (a model uses one or two), and the compiler folds its
+bounds into the block arithmetic. Dropout: dropout_p (in [0, 1)) and dropout_seed (an int in [0, 2**64))
+are run-time arguments; the constexpr DROPOUT = dropout_p > 0 selects the kernels that draw the keep mask,
+so dropout_p = 0 runs the plain kernels. The softmax scale reaches every kernel as one signed
+``scale_log2`` (``scale_args``). On a CUDA GPU the kernels are compiled by Triton and tuned with
+``triton.autotune``; on a CPU they run under Triton's interpreter, one fixed config per kernel
+(``configs.py``). ``library_ops.py`` wraps these two functions as torch custom ops.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from flash_attention_py import masks
+from flash_attention_py.validation import resolve_lazy
+
+from . import configs as C
+from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
+from .capabilities import interpreter_on
+from .forward_kernel import attn_fwd_kernel
+from .tiles import LOG2E
+
+__all__ = ["scale_args", "length_bucket", "best_configs", "FP32_PRECISION", "INTERPRETED"]
+
+# Was Triton imported with its interpreter on? (decided once, when the kernels were decorated)
+INTERPRETED = interpreter_on()
+# tl.dot precision for float32 inputs on the GPU. Triton's default, plain "tf32" (10-bit mantissa
+# operands), is about 2x less accurate than cuBLAS's tf32 and fails the project's tolerance policy
+# (2x naive attention in the same precision); "tf32x3" splits each operand into two tf32 parts and
+# sums three tensor-core products: float32-level accuracy at ~3x the tf32 cost. Set to "tf32" for speed
+# or "ieee" for plain FMA. (The interpreter always computes float32 dots exactly.)
+FP32_PRECISION = "tf32x3"
+
+
+def _block_d(D: int) -> int:
+    """Head dim padded to a power of two >= 16 (tl.dot needs K >= 16); the pad is masked off."""
+    return max(16, triton.next_power_of_2(D))
+
+
+def _fit_int32(x, name: str = "q", fn: str = "flash_attn_triton"):
+    """x (B, H, N, D) such that the kernels' int32 row/column offsets cannot wrap around.
+
+    The kernels offset each (batch, head) slice in int64 and rows/columns within it in int32. A legal strided
+    view into a big buffer (a row stride of 34M elements, say) can span more than 2**31 elements in one slice:
+    it is then copied to a contiguous tensor (only the view's own elements). A slice of 2**31 elements or more
+    even when contiguous (N * D >= 2**31) is refused.
+    """
+    N, D = x.shape[-2:]
+    if (N - 1) * abs(x.stride(-2)) + (D - 1) * abs(x.stride(-1)) < 2**31 - 1:
+        return x
+    if N * D >= 2**31 - 1:
+        raise ValueError(f"{fn}: {name} has N * D = {N} * {D} = {N * D} elements per (batch, head); the kernels "
+                         f"index within one (batch, head) in int32: expected N * D < 2**31")
+    return x.contiguous()
+
+
+def scale_args(scale: float) -> tuple:
+    """The kernels' scale argument: (scale_log2,) = (softmax_scale * log2(e),), signed.
+
+    Every kernel scores in base 2 (exp(x * scale) = exp2(x * scale_log2)); the backward recovers
+    softmax_scale as scale_log2 * ln(2). A negative or zero scale needs nothing else.
+    """
+    return (float(scale) * LOG2E,)
+
+
+def _window(window) -> tuple:
+    """The (left, right) window of a launch: a window tuple, or a ``causal`` flag (masks.window_for)."""
+    if isinstance(window, bool):
+        return masks.window_for(window)
+    left, right = window
+    return (int(left), int(right))
+
+
+# ----------------------------------------------------------------------------- autotuned kernels
+def _autotuned(kernel_name: str, jit_fn):
+    """triton.autotune over the candidate configs of ``kernel_name``, pruned to what fits."""
+    def early_prune(configs, named_args, **kwargs):
+        block_d = kwargs["BLOCK_D"]
+        elem = named_args["Q"].element_size()
+        limit = _device_smem_limit(named_args["Q"].device)
+        return C.prune(kernel_name, configs, block_d, elem, limit)
+
+    return triton.autotune(
+        configs=C.triton_configs(kernel_name),
+        key=["Nq", "Nk", "HEAD_DIM", "WINDOW_LEFT", "WINDOW_RIGHT", "DROPOUT", "group"],  # + the tensors' dtypes
+        prune_configs_by={"early_config_prune": early_prune},
+        do_bench=lambda fn, quantiles: triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles),
+    )(jit_fn)
+
+
+_SMEM_CACHE = {}
+
+
+def _device_smem_limit(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMEM_CACHE:
+        try:
+            props = triton.runtime.driver.active.utils.get_device_properties(idx)
+            _SMEM_CACHE[idx] = int(props["max_shared_mem"])
+        except Exception:  # pragma: no cover - older drivers: fall back to the table
+            major, minor = torch.cuda.get_device_capability(idx)
+            _SMEM_CACHE[idx] = C.SMEM_LIMIT.get(10 * major + minor, 101376)
+    return _SMEM_CACHE[idx]
+
+
+if INTERPRETED:
+    _TUNED = {}
+else:
+    _TUNED = {
+        "fwd": _autotuned("fwd", attn_fwd_kernel),
+        "dkdv": _autotuned("dkdv", attn_bwd_dkdv_kernel),
+        "dq": _autotuned("dq", attn_bwd_dq_kernel),
+    }
+_JIT = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel}
+
+
+# The autotuner's choice per problem, so later calls skip triton.Autotuner.run (host time matters at
+# small N). Keyed on power-of-two buckets of Nq and Nk: the first length in a bucket is tuned, and every
+# other length in it reuses that choice, so a workload of varying lengths does not keep tuning.
+# (kernel, bucket(Nq), bucket(Nk), HEAD_DIM, window, DROPOUT, GQA or not, dtype, device)
+#   -> (BLOCK_M, BLOCK_N, num_warps, num_stages)
+_PLAN = {}
+
+
+def length_bucket(n: int) -> int:
+    """The autotuning bucket of a sequence length: the next power of two (1100 and 2048 share 2048)."""
+    return triton.next_power_of_2(n)
+
+
+def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block_d, elem, group=1, config=None):
+    """Launch ``kernel`` over grid (cdiv(grid_rows, BLOCK), B*H) with a fixed or an autotuned config.
+
+    ``config`` (BLOCK_M, BLOCK_N[, num_warps, num_stages]) forces a config (tests use it).
+    """
+    block_of = (lambda meta: meta["BLOCK_N"]) if kernel == "dkdv" else (lambda meta: meta["BLOCK_M"])
+    if config is None:
+        if INTERPRETED:
+            config = C.INTERPRETER[kernel]
+        elif max(Nq, Nk) < C.AUTOTUNE_MIN_N:
+            config = C.small_config(kernel, block_d, elem)
+        else:
+            plan_key = (kernel, length_bucket(Nq), length_bucket(Nk), consts["HEAD_DIM"], consts["WINDOW_LEFT"],
+                        consts["WINDOW_RIGHT"], consts["DROPOUT"], group > 1, args[0].dtype, args[0].device)
+            config = _PLAN.get(plan_key)
+            if config is None:
+                grid = lambda meta: (triton.cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
+                tuner = _TUNED[kernel]
+                tuner[grid](*args, **consts)
+                best = tuner.best_config
+                _PLAN[plan_key] = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
+                return
+    BM, BN = config[0], config[1]
+    extra = {} if INTERPRETED else {"num_warps": config[2] if len(config) > 2 else 4,
+                                    "num_stages": config[3] if len(config) > 3 else 2}
+    meta = {"BLOCK_M": BM, "BLOCK_N": BN}
+    _JIT[kernel][(triton.cdiv(grid_rows, block_of(meta)), BH)](*args, **consts, BLOCK_M=BM, BLOCK_N=BN, **extra)
+
+
+def best_configs() -> dict:
+    """The autotuner's choices so far: kernel -> {key: config string} (empty under the interpreter)."""
+    return {name: {str(k): str(v) for k, v in t.cache.items()} for name, t in _TUNED.items()}
+
+
+# ----------------------------------------------------------------------------- forward / backward
+def _dot_prec(q) -> str:
+    return FP32_PRECISION if q.dtype == torch.float32 else "tf32"  # (ignored for fp16/bf16 operands)
+
+
+def _consts(q, window, dropout_p: float = 0.0) -> dict:
+    """The constexprs of the forward, dK/dV and dQ kernels: head dim, mask window, dropout on/off, padded head
+    dim, dot precision."""
+    left, right = _window(window)
+    D = q.shape[-1]
+    return dict(HEAD_DIM=D, WINDOW_LEFT=left, WINDOW_RIGHT=right, DROPOUT=bool(dropout_p > 0), BLOCK_D=_block_d(D),
+                DOT_PREC=_dot_prec(q))
+
+
+def dropout_args(dropout_p: float = 0.0, dropout_seed=None) -> tuple:
+    """The kernels' dropout arguments (dropout_p, dropout_seed): (0.0, 0) without dropout (DROPOUT = False).
+
+    dropout_seed is an int in [0, 2**64) (a negative int64, as a custom op carries a seed >= 2**63, is taken
+    modulo 2**64); the kernels hand it to ``tl.rand``, which splits it into two 32-bit key words.
+    """
+    p = float(dropout_p)
+    if not p > 0.0:
+        return (0.0, 0)
+    if dropout_seed is None:
+        raise ValueError("flash_attn_triton: dropout_p > 0 needs a dropout_seed (an int in [0, 2**64))")
+    return (p, int(dropout_seed) % 2**64)
+
+
+def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0.0, dropout_seed=None):
+    """o (B, H, Nq, D) in q's dtype and lse (B, H, Nq) float32 of checked inputs; window = (left, right) or causal.
+
+    k, v may have Hk heads, H % Hk == 0 (grouped-query attention). With dropout_p > 0, O is that of the
+    dropped, rescaled weights and lse that of the softmax before dropout.
+    """
+    q, k, v = (_fit_int32(x, n) for x, n in zip((q, k, v), ("q", "k", "v")))  # int32 row offsets must not wrap
+    B, H, Nq, D = q.shape
+    Nk, group = k.shape[2], H // k.shape[1]
+    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    consts = _consts(q, window, dropout_p)
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), H, group, Nq, Nk, *scale_args(scale),
+            *dropout_args(dropout_p, dropout_seed))
+    _launch("fwd", Nq, B * H, args, consts, Nq=Nq, Nk=Nk, block_d=consts["BLOCK_D"], elem=q.element_size(),
+            group=group, config=config)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropout_p: float = 0.0, dropout_seed=None):
+    """(dq, dk, dv), contiguous, in the inputs' dtypes; window = (left, right) or causal.
+
+    dk, dv are (B, Hk, Nk, D): with grouped-query attention, each sums the gradients of its group's query
+    heads. dropout_p and dropout_seed must be the forward's (the keep mask is drawn again from them).
+    """
+    do = resolve_lazy(do)  # an upstream gradient can be a conj/neg view too: the kernels read raw memory
+    q, k, v, do = (_fit_int32(x, n) for x, n in zip((q, k, v, do), ("q", "k", "v", "do")))  # int32 row offsets
+    B, H, Nq, D = q.shape
+    Nk, Hk = k.shape[2], k.shape[1]
+    group = H // Hk
+    consts = _consts(q, window, dropout_p)
+    drop = dropout_args(dropout_p, dropout_seed)
+    block_d, elem = consts["BLOCK_D"], q.element_size()
+    configs = configs or {}
+    # 1. Delta_i = rowsum(dO_i * O_i)
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    BM_pre = C.INTERPRETER["pre"][0] if INTERPRETED else 128
+    attn_bwd_preprocess[(triton.cdiv(Nq, BM_pre), B * H)](
+        o, do, delta, *do.stride(), H, Nq, HEAD_DIM=D, BLOCK_M=BM_pre, BLOCK_D=block_d)
+    # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head), summing over the group's query heads
+    _launch("dkdv", Nk, B * Hk, (q, k, v, do, lse, delta, dk, dv, *common, H, group, Nq, Nk, *scale_args(scale),
+                                 *drop), consts,
+            Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"))
+    # 3. dQ_i: one program per Q block
+    _launch("dq", Nq, B * H, (q, k, v, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale), *drop),
+            consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"))
+    return dq, dk, dv

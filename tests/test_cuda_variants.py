@@ -1,0 +1,338 @@
+"""The attention variants in the CUDA tensor-core rungs: a window, grouped-query K/V heads, dropout.
+
+* CPU (no GPU needed): bad values of the new arguments raise, naming the function and the argument, before
+  any launch; the fp32 rungs (naive, tiled and their backward) refuse every variant beyond causal, naming
+  the kernels that take them; on a recording runtime the launches get the variants' arguments, K and V by
+  their own addresses (no copy for GQA) and dK/dV one block row per K/V head.
+* GPU: cuda-mma and cuda-wgmma forward (O, lse) and the mma backward (dq, dk, dv), fp16 and bf16, D 64 and
+  128, against the float64 reference with the variants, under the harness's policy (max-abs error <= 2x
+  that of naive attention in the same dtype + the dtype's floor, ``flash_attention_py.testing``); the
+  exact dropout mask (v = identity, so O is P * Z / (1 - p)) against ``philox.keep_mask``; rows that see no
+  key. Without a GPU these skip with the reason.
+"""
+import numpy as np
+import pytest
+import torch
+
+from flash_attention_py import attention_naive, attention_reference, attention_reference_grads, make_inputs
+from flash_attention_py.masks import CAUSAL
+from flash_attention_py.philox import keep_mask
+from flash_attention_py.testing import FLOOR, LSE_FLOOR, errors
+
+from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
+from flash_attention_cuda.capabilities import BACKWARD, CAPABILITIES, cuda_unavailable_reason, hopper_probe
+
+REASON = cuda_unavailable_reason()
+gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+HOPPER_REASON = hopper_probe("cuda")
+WGMMA = pytest.param("wgmma", marks=pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}"))
+
+
+def _qkv(B, Hq, Hk, Nq, Nk, D, dtype, device="cuda"):
+    """Fresh random q, do (B, Hq, Nq, D) and k, v (B, Hk, Nk, D)."""
+    x = make_inputs(B, Hq, Nq, Nk, D, dtype=dtype, kind="torch", device=device)
+    kv = make_inputs(B, Hk, Nq, Nk, D, dtype=dtype, kind="torch", device=device)
+    return x["q"], kv["k"], kv["v"], x["do"]
+
+
+# ------------------------------------------------------------------ bad input (CPU: raised before any launch)
+def _cpu(dtype="float16", Hq=4, Hk=2, N=8, D=64):
+    q, k, v, do = _qkv(1, Hq, Hk, N, N, D, dtype, device="cpu")
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(window_size=3), TypeError, "window_size must be a tuple"),
+    (dict(window_size=(1, 2, 3)), ValueError, "window_size must have 2 entries"),
+    (dict(window_size=(1.0, 2)), TypeError, "window_size left must be an int"),
+    (dict(window_size=(-2, 0)), ValueError, "window_size left must be >= -1"),
+    (dict(dropout_p=1.0, dropout_seed=1), ValueError, "dropout_p"),
+    (dict(dropout_p=-0.1, dropout_seed=1), ValueError, "dropout_p"),
+    (dict(dropout_p=0.2), ValueError, "dropout_p = 0.2 needs a dropout_seed"),
+    (dict(dropout_p=0.2, dropout_seed=1.5), TypeError, "dropout_seed must be an int"),
+    (dict(dropout_p=0.2, dropout_seed=-1), ValueError, "dropout_seed must be in"),
+])
+def test_bad_variant_arguments(kwargs, exc, match):
+    q, k, v, do = _cpu()
+    with pytest.raises(exc, match="flash_attn_cuda: " + match):
+        flash_attn_cuda(q, k, v, kernel="mma", **kwargs)
+    o, lse = torch.zeros_like(q), torch.randn(q.shape[:3])
+    with pytest.raises(exc, match="flash_attn_cuda_backward: " + match):
+        flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="mma", **kwargs)
+
+
+def test_gqa_heads_must_divide():
+    q, k, v, do = _cpu(Hq=6, Hk=4)
+    with pytest.raises(ValueError, match=r"flash_attn_cuda: grouped-query attention needs .* H % Hk == 0"):
+        flash_attn_cuda(q, k, v, kernel="mma")
+    with pytest.raises(ValueError, match=r"flash_attn_cuda_backward: grouped-query attention needs"):
+        flash_attn_cuda_backward(q, k, v, torch.zeros_like(q), torch.randn(q.shape[:3]), do)
+
+
+@pytest.mark.parametrize("kernel", ["naive", "tiled", "auto"])
+@pytest.mark.parametrize("kwargs,what", [(dict(window_size=(4, 0)), r"window_size \(4, 0\)"),
+                                         (dict(gqa=True), r"grouped-query K/V heads \(q has 4 heads, k and v 2\)"),
+                                         (dict(dropout_p=0.1, dropout_seed=3), "dropout_p = 0.1")])
+def test_fp32_rungs_refuse_the_variants(kernel, kwargs, what):
+    """float32 runs on naive/tiled ('auto' picks tiled): they take causal only, and say which kernels take more."""
+    kwargs = dict(kwargs)
+    q, k, v, do = _cpu("float32", Hq=4, Hk=2 if kwargs.pop("gqa", False) else 4)
+    rung = "tiled" if kernel == "auto" else kernel
+    with pytest.raises(ValueError, match=rf"flash_attn_cuda: kernel '{rung}' does not take {what} \(it takes causal\);"
+                                         r" the variants need kernel 'mma' or 'wgmma'"):
+        flash_attn_cuda(q, k, v, kernel=kernel, **kwargs)
+    with pytest.raises(ValueError, match=rf"flash_attn_cuda_backward: kernel 'tiled' does not take {what}.*"
+                                         r"need kernel 'mma'"):
+        flash_attn_cuda_backward(q, k, v, torch.zeros_like(q), torch.randn(q.shape[:3]), do, kernel="tiled",
+                                 **kwargs)
+    with pytest.raises(ValueError, match=f"run_forward: kernel '{rung}' does not take"):  # the launch layer too
+        launch_specs.run_forward(q, k, v, kwargs.get("window_size", CAUSAL), 0.1, rung,
+                                 dropout=(kwargs.get("dropout_p", 0.0), kwargs.get("dropout_seed")))
+
+
+def test_capability_tables():
+    """What the tables claim is what the checks above enforce."""
+    full = ("causal", "window", "gqa", "dropout")
+    assert CAPABILITIES["cuda-mma"].variants == full and CAPABILITIES["cuda-wgmma"].variants == full
+    assert BACKWARD["mma"].variants == full
+    assert CAPABILITIES["cuda-naive"].variants == CAPABILITIES["cuda-tiled"].variants == ("causal",)
+    assert BACKWARD["tiled"].variants == ("causal",)
+
+
+# ------------------------------------------------------------------ launches on a recording runtime (CPU)
+@pytest.fixture
+def recorded(recorded_launches):
+    """conftest's recording runtime, as (kernel name, grid, args) per launch; clear() empties it."""
+
+    class View(list):
+        def __iter__(self):
+            return iter([(kern.name, grid, args) for kern, grid, _, args, _ in recorded_launches])
+
+        def __len__(self):
+            return len(recorded_launches)
+
+        def clear(self):
+            recorded_launches.clear()
+
+    return View()
+
+
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_variant_launches_without_a_gpu(recorded, kernel):
+    """B = 2, Hq = 6 query heads on Hk = 2 K/V heads, window (5, 2), dropout: the forward reads K and V where they
+    are (their own addresses: no copy), the dK/dV kernel runs one block row per (batch, K/V head), dQ one per
+    query head, and every launch gets (window, group, p, seed halves) as the kernels declare them."""
+    B, Hq, Hk, Nq, Nk, D, seed = 2, 6, 2, 33, 70, 64, 2**33 + 5
+    q, k, v, do = _qkv(B, Hq, Hk, Nq, Nk, D, "bfloat16", device="cpu")
+    o, lse = launch_specs.run_forward(q, k, v, (5, 2), 0.3, kernel, dropout=(0.25, seed))
+    ((name, grid, args),) = recorded
+    assert name.endswith(", true>") and grid[1] == B * Hq
+    assert args[1:3] == (k.data_ptr(), v.data_ptr())
+    tail = (np.int32(5), np.int32(2), np.int32(3), np.float32(0.25), np.uint32(5), np.uint32(2))
+    assert args[-6:] == tail and [type(a) for a in args[-6:]] == [type(t) for t in tail]
+    recorded.clear()
+    dq, dk, dv = launch_specs.run_backward(q, k, v, o, lse, do, (5, 2), 0.3, "mma", dropout=(0.25, seed))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    (_, _, pre), (kv_name, kv_grid, kv_args), (dq_name, dq_grid, dq_args) = recorded
+    assert kv_name.startswith("mma_bwd_dkdv<") and kv_grid[1] == B * Hk and dq_grid[1] == B * Hq
+    assert kv_args[1:3] == dq_args[1:3] == (k.data_ptr(), v.data_ptr())
+    assert kv_args[-6:] == dq_args[-6:] == tail
+    recorded.clear()
+    launch_specs.run_forward(q, k[:, :1], v[:, :1], CAUSAL, 0.3, kernel)  # MQA, no dropout: the default kernel
+    ((name, grid, args),) = recorded
+    assert not name.endswith(", true, true>") and name.count(",") == {"mma": 4, "wgmma": 3}[kernel]
+    assert args[-4:] == (np.int32(Hq), np.float32(0.0), np.uint32(0), np.uint32(0))
+
+
+# ------------------------------------------------------------------ GPU: against the float64 reference
+# (Nq, Nk, Hq, Hk, causal, window_size, dropout_p): windows (0, 0), (w, -1) with causal, asymmetric (2, 5),
+# larger than N; GQA 1, 2, Hq (MQA); dropout 0, 0.17, 0.5; odd sizes, Nq != Nk both ways, one query.
+CASES = [
+    (100, 100, 4, 4, False, (0, 0), 0.0),
+    (37, 300, 4, 2, True, (16, -1), 0.0),
+    (300, 37, 4, 1, False, (2, 5), 0.17),
+    (257, 513, 6, 3, True, (70, -1), 0.0),
+    (130, 130, 4, 2, False, (500, 500), 0.5),
+    (1, 517, 2, 1, False, (33, 0), 0.17),
+    (200, 200, 2, 2, True, (-1, -1), 0.17),
+    (129, 65, 4, 4, False, (-1, -1), 0.0),
+]
+
+
+def _case_id(c):
+    Nq, Nk, Hq, Hk, causal, w, p = c
+    return f"{Nq}x{Nk}-H{Hq}/{Hk}-{'causal-' if causal else ''}w{w[0]},{w[1]}-p{p}"
+
+
+def _kw(causal, window, p, seed):
+    return dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=seed if p > 0 else None)
+
+
+def _check(name, out, ref, naive, floor):
+    max_abs, _ = errors(out, ref)
+    naive_abs, _ = errors(naive, ref)
+    assert max_abs <= 2 * naive_abs + floor, f"{name}: {max_abs:.3e} > 2 x naive {naive_abs:.3e} + {floor:.1e}"
+
+
+@gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_forward_variants(kernel, dtype, D, case):
+    Nq, Nk, Hq, Hk, causal, window, p = case
+    q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+    kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))
+    o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == q.shape[:3]
+    ref_o, ref_lse = attention_reference(q, k, v, return_lse=True, **kw)
+    naive_o, naive_lse = attention_naive(q, k, v, return_lse=True, **kw)
+    _check("o", o, ref_o, naive_o, FLOOR[dtype])
+    _check("lse", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
+
+
+@gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward_variants(dtype, D, case):
+    """The mma backward from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
+    Nq, Nk, Hq, Hk, causal, window, p = case
+    q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+    kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))
+    o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, **kw)
+    grads = flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="mma", **kw)
+    ref = attention_reference_grads(q, k, v, do, **kw)
+    qn, kn, vn = (x.clone().requires_grad_(True) for x in (q, k, v))
+    attention_naive(qn, kn, vn, **kw).backward(do)
+    floor = FLOOR[dtype] * max(Nq, Nk) ** 0.5
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, (qn.grad, kn.grad, vn.grad)):
+        assert g.shape == r.shape and g.dtype == q.dtype, name
+        _check(name, g, r, n, floor)
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_dropout_mask_is_philox_keep_mask(kernel):
+    """v = identity (Nk = D = 64): O = P * Z / (1 - p), so O's zeros are exactly the dropped weights, and they
+    are philox.keep_mask's for every (b, h, i, j), with a seed past 2**32 (both key words in use)."""
+    B, H, Nq, D, p, seed = 2, 3, 96, 64, 0.5, 2**40 + 12345
+    q, k, _, _ = _qkv(B, H, H, Nq, D, D, "float16")
+    q, k = q * 0.1, k * 0.1  # flat softmax: every P_ij ~ 1/64, far from underflow
+    v = torch.eye(D, dtype=q.dtype, device="cuda").expand(B, H, D, D).contiguous()
+    o = flash_attn_cuda(q, k, v, kernel=kernel, dropout_p=p, dropout_seed=seed)
+    i, j = np.arange(Nq), np.arange(D)
+    keep = np.stack([np.stack([keep_mask(seed, p, b, h, i, j, H, Nq, D) for h in range(H)]) for b in range(B)])
+    assert np.array_equal(o.cpu().numpy() != 0, keep)
+    assert 0.45 < keep.mean() < 0.55  # the keep rate
+    ref = attention_reference(q, k, v, dropout_p=p, dropout_seed=seed)
+    assert errors(o, ref)[0] < 2e-3
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_rows_that_see_no_key(kernel):
+    """window (0, 0) with Nq > Nk: query i sees only key i + Nk - Nq; the first Nq - Nk rows see none: O = 0,
+    lse = -inf, dq = 0."""
+    Nq, Nk = 150, 40
+    q, k, v, do = _qkv(1, 4, 2, Nq, Nk, 64, "float16")
+    o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, window_size=(0, 0))
+    blind = Nq - Nk
+    assert (o[:, :, :blind] == 0).all() and torch.isneginf(lse[:, :, :blind]).all()
+    assert torch.isfinite(lse[:, :, blind:]).all()
+    dq, dk, dv = flash_attn_cuda_backward(q, k, v, o, lse, do, window_size=(0, 0))
+    assert (dq[:, :, :blind] == 0).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    ref = attention_reference(q, k, v, window_size=(0, 0))
+    assert errors(o, ref)[0] < 4e-3
+
+
+# ------------------------------------------------------------------ fa::Mask on the host (CPU): the window logic
+_MASK_MAIN = r"""
+#define __device__
+#define __forceinline__ inline
+#include <cstdio>
+#include "masks.cuh"
+int main() {  // per case "Nq Nk left right Br Bc": every answer the kernels' loops and masking take from fa::Mask
+    int Nq, Nk, l, r, Br, Bc;
+    while (std::scanf("%d %d %d %d %d %d", &Nq, &Nk, &l, &r, &Br, &Bc) == 6) {
+        const fa::Mask m = fa::make_mask(Nq, Nk, l, r);
+        for (int i = 0; i < Nq; ++i)
+            for (int j = 0; j < Nk; ++j) std::printf("%d", (int)m.visible(i, j));
+        std::printf("\n");
+        for (int i = 0; i < Nq; ++i) std::printf("%d %d ", m.kv_begin(i), m.kv_end(i + 1));
+        std::printf("\n");
+        for (int q0 = 0; q0 < Nq; q0 += Br)
+            std::printf("%d %d ", m.kv_tile_begin(q0, Bc), m.kv_tile_end(q0, q0 + Br, Bc));
+        std::printf("\n");
+        for (int k0 = 0; k0 < Nk; k0 += Bc) std::printf("%d %d ", m.q_begin(k0), m.q_end(k0 + Bc));
+        std::printf("\n");
+        for (int q0 = 0; q0 < Nq; q0 += Br)
+            for (int k0 = 0; k0 < Nk; k0 += Bc) std::printf("%d", (int)m.needs_mask(q0, q0 + Br, k0, k0 + Bc));
+        std::printf("\n");
+    }
+}
+"""
+
+
+def test_mask_header_window_logic_on_the_host(tmp_path):
+    """masks.cuh (fa::Mask) built with g++ against the rule of variants' windows, element by element: each row's
+    key range, the forward's K/V tile range (both ends), the backward's query range per key block, and that a
+    tile the mask calls full needs no masking; random windows, both bounds, Nq != Nk both ways."""
+    import shutil
+    import subprocess
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the host build of masks.cuh is not checked")
+    (tmp_path / "main.cpp").write_text(_MASK_MAIN)
+    exe = tmp_path / "mask"
+    res = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{runtime.KERNEL_DIR}", str(tmp_path / "main.cpp"), "-o",
+                          str(exe)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rng = np.random.default_rng()
+    cases = [(int(rng.integers(1, 70)), int(rng.integers(1, 70)), int(rng.integers(-1, 40)),
+              int(rng.integers(-1, 40)), int(rng.choice([16, 32, 64])), int(rng.choice([16, 64]))) for _ in range(60)]
+    cases += [(5, 2, -1, 0, 16, 16), (2, 5, 0, 0, 16, 16), (40, 9, 0, 0, 16, 16), (1, 50, 3, -1, 16, 16)]
+    out = subprocess.run([str(exe)], input="\n".join(" ".join(map(str, c)) for c in cases), capture_output=True,
+                         text=True, timeout=60).stdout.splitlines()
+    assert len(out) == 5 * len(cases)
+    from flash_attention_py import masks
+
+    for n, (Nq, Nk, left, right, Br, Bc) in enumerate(cases):
+        vis_txt, rows, qtiles, kblocks, needs = out[5 * n: 5 * n + 5]
+        vis = masks.visible(np.arange(Nq), np.arange(Nk), Nq, Nk, (left, right))
+        assert vis_txt == "".join("1" if x else "0" for x in vis.ravel()), (Nq, Nk, left, right)
+        rows = np.array(rows.split(), int).reshape(Nq, 2)
+        for i in range(Nq):  # row i sees exactly [kv_begin(i), kv_end(i + 1)) (empty when it sees none)
+            lo, hi = rows[i]
+            assert np.array_equal(vis[i], (np.arange(Nk) >= lo) & (np.arange(Nk) < hi)), (i, Nq, Nk, left, right)
+        qtiles = np.array(qtiles.split(), int).reshape(-1, 2)
+        for b, (t0, t1) in enumerate(qtiles):  # the K/V tiles a query block visits hold every key it sees
+            seen = np.flatnonzero(vis[b * Br:(b + 1) * Br].any(0))
+            assert t0 <= t1 and (seen.size == 0 or (t0 * Bc <= seen[0] and seen[-1] < t1 * Bc)), (b, t0, t1)
+            assert seen.size > 0 or t1 == t0
+        kblocks = np.array(kblocks.split(), int).reshape(-1, 2)
+        for b, (q_lo, q_hi) in enumerate(kblocks):  # the queries that see a key of the block lie in [q_lo, q_hi)
+            seers = np.flatnonzero(vis[:, b * Bc:(b + 1) * Bc].any(1))
+            assert seers.size == 0 or (q_lo <= seers[0] and seers[-1] < q_hi), (b, q_lo, q_hi)
+        flags = iter(needs)
+        for q0 in range(0, Nq, Br):
+            for k0 in range(0, Nk, Bc):
+                full_block = vis[q0:q0 + Br, k0:k0 + Bc].all() and k0 + Bc <= Nk
+                assert (next(flags) == "0") == full_block, (q0, k0, Nq, Nk, left, right)
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_autograd_carries_the_variants(kernel):
+    """Through autograd (the custom ops cuda_fwd / cuda_bwd): the backward gets the forward's window and dropout
+    seed, and dk, dv of the 2 K/V heads sum over their query heads."""
+    q, k, v, do = _qkv(2, 4, 2, 150, 170, 64, "bfloat16")
+    kw = _kw(True, (40, -1), 0.17, seed=2**35 + 1)
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    flash_attn_cuda(q, k, v, kernel=kernel, **kw).backward(do)
+    ref = attention_reference_grads(q, k, v, do, **kw)
+    qn, kn, vn = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    attention_naive(qn, kn, vn, **kw).backward(do)
+    for name, g, r, n in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, (qn.grad, kn.grad, vn.grad)):
+        _check(name, g, r, n, FLOOR["bfloat16"] * 170 ** 0.5)
