@@ -25,6 +25,8 @@ of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CON
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -83,6 +85,11 @@ class Problem(NamedTuple):
         return self.dropout_p > 0.0
 
 
+# A launch plan depends only on the problem's sizes, dtype, scale, window and variants (and the config): it is
+# built once per distinct problem and reused, so a call in a training loop pays no Python to rebuild it.
+_cached = functools.lru_cache(maxsize=1024)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """One kernel launch: ``kernels/<source>``'s instantiation ``name`` with ``grid`` x ``block`` threads.
@@ -100,7 +107,7 @@ class LaunchSpec:
     buffers: tuple
     scalars: tuple
 
-    @property
+    @functools.cached_property
     def scalar_values(self) -> tuple:
         return tuple(value for _, value in self.scalars)
 
@@ -162,6 +169,7 @@ _FWD_BUFFERS = ("Q", "K", "V", "O", "LSE")
 
 
 # ------------------------------------------------------------------------------------ forward
+@_cached
 def naive_fwd(p: Problem) -> LaunchSpec:
     """naive.cu: one thread per query row, Br = 64 rows per block, Bc = 32 keys per K/V tile (static smem)."""
     dp, Bc, Br = pad_dim(p.D), 32, 64
@@ -169,6 +177,7 @@ def naive_fwd(p: Problem) -> LaunchSpec:
                       _FWD_BUFFERS, _common(p, with_d=True))
 
 
+@_cached
 def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
     """tiled.cu: 4 warps of ROWS query rows each (Br = 4 * ROWS), static smem; vec4: float4 loads are aligned."""
     dp = pad_dim(p.D)
@@ -178,6 +187,7 @@ def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
                       _FWD_BUFFERS, _common(p, with_d=True) + (("vec4", np.int32(int(vec4))),))
 
 
+@_cached
 def mma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma.cu: (Bc, warps, m16 tiles per warp) = config or MMA_CONFIGS[D]; Br = 16 * tiles * warps."""
     Bc, nw, mt = config or MMA_CONFIGS[p.D]
@@ -188,6 +198,7 @@ def mma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nq, Br), p.B * p.H), (32 * nw,), smem, _FWD_BUFFERS, _tc_args(p))
 
 
+@_cached
 def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma.cu: (Bc, warpgroups) = config or WGMMA_CONFIGS[D]; Br = 64 * warpgroups (sm_90a only)."""
     Bc, nwg = config or WGMMA_CONFIGS[p.D]
@@ -199,6 +210,7 @@ def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nq, Br), p.B * p.H), (128 * nwg,), smem, _FWD_BUFFERS, _tc_args(p))
 
 
+@_cached
 def seed_nomax_fwd(p: Problem) -> LaunchSpec:
     """naive.cu's seed_nomax_fwd: the seed lab's sum of exp(S_ij) without a running max, full attention."""
     dp, Bc, Br = pad_dim(p.D), 32, 64
@@ -207,6 +219,7 @@ def seed_nomax_fwd(p: Problem) -> LaunchSpec:
                       ("Q", "K", "V", "O"), sizes + (("scale_log2", *scale_args(p.scale)),))
 
 
+@_cached
 def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None) -> LaunchSpec:
     """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma'); config: mma/wgmma only."""
     if kernel == "naive":
@@ -221,6 +234,7 @@ def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optiona
 
 
 # ------------------------------------------------------------------------------------ backward
+@_cached
 def bwd_preprocess(p: Problem) -> LaunchSpec:
     """backward.cu: D_i = rowsum(dO_i * O_i), one warp per row, 4 rows per block of 128 threads."""
     rows = p.B * p.H * p.Nq
@@ -236,6 +250,7 @@ def _bwd_tile(p: Problem) -> tuple:
 _BWD_IN = ("Q", "K", "V", "dO", "LSE", "Delta")
 
 
+@_cached
 def bwd_dkdv(p: Problem) -> LaunchSpec:
     """backward.cu: one block per BT keys, looping over the query blocks that see them (fp32)."""
     dp, bt = _bwd_tile(p)
@@ -243,6 +258,7 @@ def bwd_dkdv(p: Problem) -> LaunchSpec:
                       _BWD_IN + ("dK", "dV"), _common(p, with_d=True))
 
 
+@_cached
 def bwd_dq(p: Problem) -> LaunchSpec:
     """backward.cu: one block per BT queries, looping over the key blocks they see (fp32)."""
     dp, bt = _bwd_tile(p)
@@ -250,6 +266,7 @@ def bwd_dq(p: Problem) -> LaunchSpec:
                       _BWD_IN + ("dQ",), _common(p, with_d=True))
 
 
+@_cached
 def mma_bwd_preprocess(p: Problem) -> LaunchSpec:
     """mma_backward.cu: D_i = rowsum(dO_i * O_i) from 16-bit O and dO, 4 rows per block of 128 threads."""
     rows = p.B * p.H * p.Nq
@@ -257,6 +274,7 @@ def mma_bwd_preprocess(p: Problem) -> LaunchSpec:
                       ("O", "dO", "Delta"), (("rows", np.int64(rows)),))
 
 
+@_cached
 def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps keys per block, one block
     row per K/V head (B * Hk: each block sums dK, dV over its group's query heads)."""
@@ -271,6 +289,7 @@ def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (32 * nw,), smem, _BWD_IN + ("dK", "dV"), _tc_args(p))
 
 
+@_cached
 def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps queries per block."""
     nw, tile = config or MMA_BACKWARD_CONFIG

@@ -334,6 +334,8 @@ def resolve_window(causal, window_size, *, fn: str) -> tuple:
     from . import masks
 
     check_flag(causal, "causal", fn=fn)
+    if type(window_size) is tuple and window_size == masks.FULL:  # the default: nothing to check (fast path)
+        return masks.CAUSAL if causal else masks.FULL
     return masks.window_for(bool(causal), check_window(window_size, fn=fn))
 
 
@@ -342,6 +344,8 @@ def check_dropout(dropout_p, dropout_seed, *, fn: str) -> tuple:
     required when p > 0 (the keep mask is a function of the seed; see ``philox``). seed is None when p == 0."""
     from . import philox
 
+    if dropout_seed is None and type(dropout_p) in (float, int) and dropout_p == 0:  # the default (fast path)
+        return 0.0, None
     p = float(philox.check_dropout_p(dropout_p, fn=fn))
     if p == 0.0:
         if dropout_seed is not None:
