@@ -306,7 +306,7 @@ def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
     Nk = k.shape[2]
     p_drop, seed = dropout
     # a bound past Nq + Nk hides nothing (left >= Nk and right >= Nq already do not): clamp it there, so the
-    # kernels' int32 index arithmetic (i + Nk - Nq + right) cannot overflow whatever int the caller passed
+    # kernels' int32 index arithmetic (the diagonal i + offset + right) cannot overflow whatever int the caller passed
     window = tuple(min(int(w), Nq + Nk) for w in window)
     return Problem(B, H, Nq, Nk, D, dtype or dtype_name(q), float(scale), window, int(k.shape[1]),
                    float(p_drop), None if seed is None else int(seed))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flash_attention_py import masks
 from flash_attention_py.validation import check_block_size, check_flag, check_qkv, resolve_softmax_scale
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e))
@@ -101,7 +102,7 @@ def flash_attn_lab2(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
     _lab2_fwd_kernel[grid](
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, Nq, Nk, D, scale * LOG2_E, Nk - Nq,
+        H, Nq, Nk, D, scale * LOG2_E, masks.offset(Nq, Nk),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)),
         num_warps=num_warps, num_stages=num_stages,
     )
