@@ -7,6 +7,10 @@
 #   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder and backward vs FA2 (with the config sweeps),
 #                                                      # SASS counts, host time per call (benchmark presets)
 #   bash .ci/gpu_run.sh --out results/gpu triton       # Triton vs FA2 and cuDNN (the triton-vs-fa2 preset)
+#   bash .ci/gpu_run.sh --out results/gpu hopper       # every GPU backend, fp16/bf16, fwd/bwd, beside FA2 and cuDNN:
+#                                                      # hopper_summary.json (the hopper preset)
+#   bash .ci/gpu_run.sh --out results/gpu variants     # window, GQA and dropout beside FlexAttention and SDPA
+#                                                      # (python -m benchmarks.variants)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
@@ -57,13 +61,21 @@ for step in "$@"; do
       timeout "${TRITON_S:-400}" python3 -m benchmarks --preset triton-vs-fa2 --no-progress \
         --out "$OUT/triton/triton-vs-fa2" > "$OUT/triton_vs_fa2.log" 2>&1
       echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md" ;;
+    hopper)
+      timeout "${HOPPER_S:-500}" python3 -m benchmarks --preset hopper --no-progress \
+        --out "$OUT/hopper" > "$OUT/hopper.log" 2>&1
+      echo "hopper rc=$?"; tail -n 30 "$OUT/hopper/hopper_summary.md" ;;
+    variants)
+      timeout "${VARIANTS_S:-500}" python3 -m benchmarks.variants --no-progress \
+        --out "$OUT/variants" > "$OUT/variants.log" 2>&1
+      echo "variants rc=$?"; grep -E "^\|" "$OUT/variants/variants.md" | head -n 60 ;;
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
       echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | sanitizer | ncu)"; exit 2 ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | sanitizer | ncu)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

@@ -10,6 +10,8 @@ the sweep's rows after the run. ``python -m benchmarks --list`` names them.
     cuda-backward    the backward alone (o.backward(dO)) of the CUDA rungs beside FlashAttention-2's
     triton-vs-fa2    Triton forward and causal backward beside FlashAttention-2 and cuDNN
     launch-overhead  host time per call at a shape too small for the GPU time to matter
+    hopper           every GPU backend, fp16 and bf16, forward and backward, causal and not, beside FA2
+                     and cuDNN; writes hopper_summary.json (the performance targets' table)
 
 ``--sweep`` (cuda-ladder, cuda-backward) first times the CUDA kernels' tile-config candidates per D at
 N = 4096, passing each config in (``flash_attention_cuda.launcher.forward_with_config``; the backward
@@ -214,6 +216,46 @@ def triton_summary(rows, ctx):
             "triton_vs_fa2.md": "\n".join(md) + "\n"}
 
 
+HOPPER_NAMES = ("sdpa-flash", "sdpa-cudnn", "triton", "cuda-wgmma", "cuda-mma")
+
+
+def hopper_summary(rows, ctx):
+    """hopper_summary.json / .md: per (mode, dtype, B, H, N, D, causal), the TFLOP/s of every backend that ran
+    it (FA2 as 'sdpa-flash', cuDNN as 'sdpa-cudnn', the CUDA rungs 'cuda-...'), with the ratios to both.
+    The CUDA rungs' backward is the tensor-core backward (mma_backward.cu) for both."""
+    meta = ctx["meta"]
+    wide = {}
+    for r in rows:
+        if r.get("status") != "ok" or r["Nq"] != r["Nk"]:
+            continue
+        key = (r["mode"], r["dtype"], r["B"], r["H"], r["Nk"], r["D"], r["causal"])
+        w = wide.setdefault(key, dict(zip(("mode", "dtype", "B", "H", "N", "D", "causal"), key), tflops={}))
+        w["tflops"][r["backend"]] = round(r["tflops"], 2)
+    order = sorted(wide, key=lambda k: (k[0] != "fwd", k[1], k[5], k[6], k[4], k[2], k[3]))
+    out = [wide[k] for k in order]
+    doc = {"commit": meta.get("git_commit"), "dirty": meta.get("git_dirty"), "gpu": meta.get("gpu"),
+           "torch": meta.get("torch"), "triton": meta.get("triton"), "command": meta.get("command"),
+           "unit": "TFLOP/s = 4*B*H*N*N*D (x0.5 causal, x2.5 backward) / median time (triton.testing.do_bench)",
+           "rows": out}
+    names = [n for n in HOPPER_NAMES if any(n in w["tflops"] for w in out)]
+    ours = [n for n in names if not n.startswith("sdpa-")]
+    md = _header("Every GPU backend beside FlashAttention-2 and cuDNN, TFLOP/s", ctx,
+                 f"git commit {meta.get('git_commit')}{' (with local changes)' if meta.get('git_dirty') else ''}. "
+                 "x FA2 / x cuDNN: the backend's TFLOP/s over theirs.")
+    md += ["| mode | dtype | causal | B | H | D | N | " + " | ".join(names) + " | "
+           + " | ".join(f"{n} x FA2 | {n} x cuDNN" for n in ours) + " |",
+           "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 2 * len(ours))]
+    for w in out:
+        t = w["tflops"]
+        ratios = []
+        for n in ours:
+            for base in ("sdpa-flash", "sdpa-cudnn"):
+                ratios.append(_f(t[n] / t[base] if t.get(n) and t.get(base) else None, ".2f"))
+        md.append(f"| {w['mode']} | {w['dtype']} | {'yes' if w['causal'] else 'no'} | {w['B']} | {w['H']} | {w['D']} | "
+                  f"{w['N']} | " + " | ".join(_f(t.get(n), ".1f") for n in names) + " | " + " | ".join(ratios) + " |")
+    return {"hopper_summary.json": json.dumps(doc, indent=1, default=str), "hopper_summary.md": "\n".join(md) + "\n"}
+
+
 HOST_LABELS = {"sdpa-flash": "sdpa FLASH_ATTENTION (FA2)", "cuda-mma": "flash_attn_cuda kernel=mma",
                "cuda-wgmma": "flash_attn_cuda kernel=wgmma", "triton": "flash_attn_triton"}
 
@@ -259,6 +301,12 @@ PRESETS = {p.name: p for p in (
            dtypes={"sdpa-flash": ("float16",), "cuda-mma": ("float16",), "cuda-wgmma": ("float16",),
                    "triton": ("float16",)},
            summary=host_summary),
+    Preset(name="hopper",
+           description="every GPU backend (Triton, cuda-wgmma, cuda-mma) beside FA2 and cuDNN, fp16 and bf16, forward "
+                       "and backward, causal and not; hopper_summary.json",
+           backends=HOPPER_NAMES, shapes=SHAPES, n="1024,4096,16384",
+           combos=(("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)), reference="sdpa-flash",
+           dtypes={n: ("float16", "bfloat16") for n in HOPPER_NAMES}, summary=hopper_summary),
 )}
 
 

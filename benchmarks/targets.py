@@ -15,6 +15,13 @@ The naive anchor is the registry's ``naive-torch`` (``attention_naive``).
 
 Modes: 'fwd' times the forward alone (no autograd graph); 'bwd' times the backward alone (the forward
 runs once, untimed, and its graph is kept); 'fwd+bwd' times forward then backward.
+
+Variants: ``prepare(x, causal, mode, **variant)`` also takes ``window_size``, ``dropout_p`` and
+``dropout_seed`` (GQA is the shape of ``x['k']``). The registry backends take them as they are; SDPA gets
+the window as a boolean ``attn_mask`` (built by :func:`flash_attention_py.masks.visible`), ``enable_gqa=True``
+and its own ``dropout_p`` (with its own random numbers: the seed is not its to take); :class:`FlexTarget`
+(PyTorch's FlexAttention, compiled, with a block mask from :func:`flash_attention_py.masks.flex_mask_mod`)
+takes the window and GQA, not dropout. ``python -m benchmarks.variants`` times them side by side.
 """
 from __future__ import annotations
 
@@ -68,7 +75,7 @@ class Target:
     def case_reason(self, device: str, dtype: str, D: int, mode: str) -> Optional[str]:
         raise NotImplementedError
 
-    def prepare(self, x: dict, causal: bool, mode: str) -> Callable[[], object]:
+    def prepare(self, x: dict, causal: bool, mode: str, **variant) -> Callable[[], object]:
         raise NotImplementedError
 
     def context(self):
@@ -122,7 +129,7 @@ class RegistryTarget(Target):
             return f"{b.name} has no backward"
         return None
 
-    def prepare(self, x, causal, mode):
+    def prepare(self, x, causal, mode, **variant):
         b = self.backend
         q, k, v, do = x["q"], x["k"], x["v"], x["do"]
         if mode == "fwd":
@@ -131,20 +138,20 @@ class RegistryTarget(Target):
 
                 def fwd():
                     with torch.no_grad():
-                        return b.forward(q, k, v, causal=causal)
+                        return b.forward(q, k, v, causal=causal, **variant)
 
                 return fwd
-            return lambda: b.forward(q, k, v, causal=causal)
+            return lambda: b.forward(q, k, v, causal=causal, **variant)
         if mode == "fwd+bwd":
-            return lambda: b.forward_backward(q, k, v, do, causal=causal)
+            return lambda: b.forward_backward(q, k, v, do, causal=causal, **variant)
         # mode == 'bwd': run the forward once (untimed), time the backward alone
         if b.array == "numpy":
-            o, lse = b.forward(q, k, v, causal=causal, return_lse=True)
-            return lambda: b.numpy_backward(q, k, v, o, lse, do, causal=causal)
+            o, lse = b.forward(q, k, v, causal=causal, return_lse=True, **variant)
+            return lambda: b.numpy_backward(q, k, v, o, lse, do, causal=causal, **variant)
         torch = _torch()
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
         with torch.enable_grad():
-            o = b.forward(qg, kg, vg, causal=causal)
+            o = b.forward(qg, kg, vg, causal=causal, **variant)
         if isinstance(o, tuple):
             o = o[0]
         return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
@@ -242,11 +249,30 @@ class SdpaTarget(Target):
     def case_reason(self, device, dtype, D, mode):
         return None
 
-    def prepare(self, x, causal, mode):
+    @staticmethod
+    def _variant_kwargs(q, k, causal, window_size=None, dropout_p=0.0, dropout_seed=None):
+        """SDPA's keyword arguments for a call with these variants (see the module docstring)."""
+        from flash_attention_py.masks import visible, window_for
+
+        torch = _torch()
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        window = window_for(causal, tuple(window_size) if window_size is not None else (-1, -1))
+        if window in ((-1, -1), (-1, 0)):
+            kw = SdpaTarget._mask_kwargs(Nq, Nk, causal)
+        else:  # a window: SDPA takes it only as a dense boolean mask (True = visible)
+            kw = {"attn_mask": visible(torch.arange(Nq, device=q.device), torch.arange(Nk, device=q.device),
+                                       Nq, Nk, window)}
+        if k.shape[1] != q.shape[1]:
+            kw["enable_gqa"] = True
+        if dropout_p:
+            kw["dropout_p"] = float(dropout_p)
+        return kw
+
+    def prepare(self, x, causal, mode, **variant):
         torch = _torch()
         sdpa = torch.nn.functional.scaled_dot_product_attention
         q, k, v, do = x["q"], x["k"], x["v"], x["do"]
-        kw = self._mask_kwargs(q.shape[-2], k.shape[-2], causal)
+        kw = self._variant_kwargs(q, k, causal, **variant)
         if mode == "fwd":
             def fwd():
                 with torch.no_grad():
@@ -264,6 +290,99 @@ class SdpaTarget(Target):
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
         with torch.enable_grad():  # run_case calls prepare inside self.context()
             o = sdpa(qg, kg, vg, **kw)
+        return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+# ------------------------------------------------------------------------------------ FlexAttention
+_FLEX = {}
+
+
+def _flex_attention(device):
+    """torch.nn.attention.flex_attention.flex_attention, compiled on a GPU (its fused Triton kernel; eager
+    FlexAttention materialises the scores), eager on the CPU; one compiled function per process."""
+    if device not in _FLEX:
+        torch = _torch()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if device == "cuda":
+            _FLEX[device] = torch.compile(flex_attention, dynamic=False)
+        else:
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            _FLEX[device] = flex_attention
+    return _FLEX[device]
+
+
+@dataclass
+class FlexTarget(Target):
+    """PyTorch's FlexAttention with a block mask of the project's mask rule: the window variant's PyTorch
+    alternative (blocks wholly outside the window are skipped, as in the kernels here). Not in the default
+    sweep (each mask compiles); :mod:`benchmarks.variants` times it."""
+
+    name: str = "flex"
+
+    def __post_init__(self):
+        self.rung = "anchor"
+        self.array = "torch"
+        self.is_anchor = True
+        self.devices = ("cpu", "cuda")
+        self.description = ("torch.nn.attention.flex_attention.flex_attention (torch.compile on a GPU) with a "
+                            "create_block_mask block mask of masks.flex_mask_mod")
+
+    def dtypes(self, device):
+        return ("float16", "bfloat16", "float32")
+
+    def context(self):
+        """Room for one compiled kernel per mask and shape (a run compiles more than dynamo's default limit
+        of recompilations, past which it would fall back to eager FlexAttention)."""
+        import torch._dynamo
+
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        return torch._dynamo.config.patch(**{limit: 256})
+
+    def unavailable_reason(self, device):
+        try:
+            torch = _torch()
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+        except Exception as exc:
+            return f"FlexAttention unavailable: {short_reason(exc)}"
+        if device == "cuda" and not torch.cuda.is_available():
+            return "no CUDA GPU (torch.cuda.is_available() is False)"
+        return None
+
+    def case_reason(self, device, dtype, D, mode):
+        return None if dtype in self.dtypes(device) else f"flex is timed in {', '.join(self.dtypes(device))}"
+
+    def prepare(self, x, causal, mode, window_size=None, dropout_p=0.0, dropout_seed=None):
+        if dropout_p:
+            raise NotImplementedError("FlexAttention has no dropout")
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from flash_attention_py.masks import flex_mask_mod, window_for
+
+        torch = _torch()
+        q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        window = window_for(causal, tuple(window_size) if window_size is not None else (-1, -1))
+        block_mask = None if window == (-1, -1) else create_block_mask(
+            flex_mask_mod(Nq, Nk, window), None, None, Nq, Nk, device=q.device.type)
+        flex = _flex_attention(q.device.type)
+        kw = dict(block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+        if mode == "fwd":
+            def fwd():
+                with torch.no_grad():
+                    return flex(q, k, v, **kw)
+
+            return fwd
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+        if mode == "fwd+bwd":
+            def fwd_bwd():
+                with torch.enable_grad():
+                    o = flex(qg, kg, vg, **kw)
+                return (o.detach(),) + torch.autograd.grad(o, (qg, kg, vg), do)
+
+            return fwd_bwd
+        with torch.enable_grad():
+            o = flex(qg, kg, vg, **kw)
         return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 

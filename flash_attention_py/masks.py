@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FULL", "CAUSAL", "window_for", "offset", "visible", "kv_range", "q_range", "block_kind",
-           "blocks", "dropout_keep", "MASK_DIAGRAM", "VARIANTS_DOC", "with_mask_diagram"]
+__all__ = ["FULL", "CAUSAL", "window_for", "offset", "visible", "visible_pairs", "kv_range", "q_range", "block_kind",
+           "blocks", "dropout_keep", "flex_mask_mod", "MASK_DIAGRAM", "VARIANTS_DOC", "with_mask_diagram"]
 
 FULL = (-1, -1)
 CAUSAL = (-1, 0)
@@ -116,6 +116,19 @@ def visible(q_idx, k_idx, Nq: int, Nk: int, window=FULL):
     if left >= 0:
         seen = seen & (j >= diag - left)
     return seen
+
+
+def visible_pairs(Nq: int, Nk: int, window=FULL) -> int:
+    """How many (query, key) pairs are visible: the scores a kernel that skips every hidden one computes.
+
+    Each row sees one contiguous run of keys, so the count is a sum of clipped run lengths (no Nq x Nk
+    matrix). Full attention gives Nq * Nk; causal with Nq = Nk gives Nq (Nq + 1) / 2.
+    """
+    left, right = window
+    diag = np.arange(Nq, dtype=np.int64) + offset(Nq, Nk)
+    lo = np.zeros(Nq, np.int64) if left < 0 else np.clip(diag - left, 0, Nk)
+    hi = np.full(Nq, Nk, np.int64) if right < 0 else np.clip(diag + right + 1, 0, Nk)
+    return int(np.maximum(hi - lo, 0).sum())
 
 
 def kv_range(q_start: int, q_end: int, Nq: int, Nk: int, window=FULL) -> tuple:
@@ -198,3 +211,22 @@ def dropout_keep(seed: int, dropout_p: float, heads, rows, cols, Nq: int, Nk: in
 
         return torch.from_numpy(keep)
     return keep
+
+
+def flex_mask_mod(Nq: int, Nk: int, window=FULL):
+    """The rule as PyTorch FlexAttention's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (for
+    ``torch.nn.attention.flex_attention.create_block_mask``), so that FlexAttention, timed beside the
+    kernels, computes exactly the scores they do. Keys and queries are never out of range there."""
+    left, right = window
+    shift = offset(Nq, Nk)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        diag = q_idx + shift
+        seen = (kv_idx >= 0) & (q_idx >= 0)
+        if right >= 0:
+            seen = seen & (kv_idx <= diag + right)
+        if left >= 0:
+            seen = seen & (kv_idx >= diag - left)
+        return seen
+
+    return mask_mod

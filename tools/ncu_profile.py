@@ -5,7 +5,8 @@
     python tools/ncu_profile.py --out results/ncu --only cuda-mma-fwd-d128
 
 For each profile (a backend, forward or backward, one shape) it runs this file again with ``--inner LABEL``
-under ``ncu --profile-from-start off``: the inner run warms up (compiles, autotunes), then opens the
+under ``ncu --profile-from-start off --clock-control none`` (the GPU's clocks left as they run, as in
+the benchmark's timings): the inner run warms up (compiles, autotunes), then opens the
 profiler around exactly one call, so only that call's kernels are measured. From each kernel it keeps:
 
 * time (``gpu__time_duration``), and the FLOP rate of the whole call (4·B·H·Nq·Nk·D, ×2.5 backward);
@@ -112,10 +113,10 @@ def inner(label) -> int:
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    torch.cuda.cudart().cudaProfilerStart()
+    torch.cuda.profiler.start()
     fn()
     torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    torch.cuda.profiler.stop()
     print(f"inner {label}: one call profiled ({time.perf_counter() - t0:.3f} s under the profiler), flops={flops:.6g}")
     return 0
 
@@ -230,7 +231,8 @@ def main() -> int:
     for label in args.only or list(PROFILES):
         with tempfile.TemporaryDirectory() as tmp:
             rep = os.path.join(tmp, "p")
-            cmd = [ncu, "--profile-from-start", "off", "--target-processes", "all", "-f", "-o", rep]
+            cmd = [ncu, "--profile-from-start", "off", "--target-processes", "all", "--clock-control", "none",
+                   "-f", "-o", rep]
             for s in SECTIONS:
                 cmd += ["--section", s]
             if extra:
@@ -309,7 +311,7 @@ def _gpu_name():
 def _commit():
     try:
         sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except Exception:
         return "?"

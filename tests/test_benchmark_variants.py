@@ -1,0 +1,53 @@
+"""The variants benchmark's plumbing on the CPU (the recorded run is on a GPU: .ci/gpu_run.sh variants)."""
+import json
+
+import numpy as np
+import pytest
+
+from flash_attention_py.common import attention_flops
+from flash_attention_py.masks import flex_mask_mod, visible, visible_pairs
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("Nq,Nk,window", [(7, 11, (-1, 0)), (11, 7, (2, 3)), (10, 10, (-1, -1)), (5, 9, (0, 0)),
+                                          (16, 16, (3, -1)), (9, 4, (-1, 0))])
+def test_visible_pairs_and_flex_mask_mod_follow_the_rule(Nq, Nk, window):
+    import torch
+
+    seen = visible(np.arange(Nq), np.arange(Nk), Nq, Nk, window)
+    assert visible_pairs(Nq, Nk, window) == seen.sum()
+    mod = flex_mask_mod(Nq, Nk, window)
+    grid = mod(0, 0, torch.arange(Nq)[:, None], torch.arange(Nk)[None, :])
+    assert np.array_equal(grid.numpy(), seen)
+
+
+def test_attention_flops_counts_visible_scores():
+    assert attention_flops(2, 3, 8, 8, 4, window_size=(-1, -1)) == attention_flops(2, 3, 8, 8, 4)
+    assert attention_flops(1, 1, 8, 8, 4, causal=True, window_size=(-1, -1)) == 0.5 * 4 * 64 * 4
+    assert attention_flops(1, 1, 8, 8, 4, window_size=(1, 1), mode="bwd") == 2.5 * 4 * 4 * (8 * 3 - 2)
+
+
+def test_variants_quick_run_writes_its_files(tmp_path):
+    from benchmarks import variants
+
+    rc = variants.main(["--quick", "--device", "cpu", "--backends", "torch-split", "--sections", "window,gqa,dropout",
+                        "--no-progress", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "variants.json").read_text())
+    ok = {(r["section"], r["backend"]) for r in doc["rows"] if r["status"] == "ok"}
+    assert {("window", "torch-split"), ("gqa", "torch-split"), ("dropout", "torch-split")} <= ok
+    # the window case has an alternative here (FlexAttention, eager on the CPU), and the outputs agree
+    win = [r for r in doc["rows"] if r["section"] == "window" and r["backend"] == "torch-split" and r["mode"] == "fwd"]
+    assert win[0]["max_abs_vs_alternative"] is not None and win[0]["max_abs_vs_alternative"] < 1e-2
+    assert "## Sliding window" in (tmp_path / "variants.md").read_text()
+    assert (tmp_path / "variants.png").stat().st_size > 0
+
+
+def test_variants_rejects_unknown_names(tmp_path):
+    from benchmarks import variants
+
+    with pytest.raises(SystemExit, match="--sections"):
+        variants.main(["--quick", "--sections", "windows", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--backends"):
+        variants.main(["--quick", "--backends", "nope", "--out", str(tmp_path)])
