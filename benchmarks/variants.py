@@ -357,6 +357,8 @@ def main(argv=None):
         names = ours + (("flex",) if case["section"] == "window-scaling" else ALTERNATIVES[case["section"]])
         got = run_case(case, names, by_name, device, inputs, repeats=5 if args.quick else 10)
         rows += got
+        with open(os.path.join(args.out, "variants.partial.json"), "w") as f:  # what a cut-off run leaves
+            json.dump(dict(meta=meta, rows=rows), f, default=str)
         for r in got:
             if r["status"] == "ok":
                 print(f"{r['section']:>14} {r['mode']} N={r['N']} Hq/Hk={r['Hq']}/{r['Hk']} D={r['D']} "
@@ -368,6 +370,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "variants.md"), "w") as f:
         f.write(markdown(table, meta))
     plot(table, os.path.join(args.out, "variants.png"))
+    os.remove(os.path.join(args.out, "variants.partial.json"))
     print(markdown(table, meta))
     return 0
 
