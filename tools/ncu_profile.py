@@ -228,6 +228,8 @@ def main() -> int:
              for agg in (("avg.pct_of_peak_sustained_active",) if "cycles_active" in name or name.startswith("sm__inst")
                          else ("sum",))]
     results = []
+    env = {"gpu": _gpu_name(), "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:],
+           "commit": _commit()}
     for label in args.only or list(PROFILES):
         with tempfile.TemporaryDirectory() as tmp:
             rep = os.path.join(tmp, "p")
@@ -265,15 +267,17 @@ def main() -> int:
         results.append(entry)
         print(f"{label}: {len(kernels)} kernels, {total_us:.0f} us, "
               f"{entry['tflops'] or 0:.0f} TFLOP/s, {entry['limiter']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-
-    env = {"gpu": _gpu_name(), "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:],
-           "commit": _commit()}
-    with open(os.path.join(args.out, "profiles.json"), "w") as f:
-        json.dump({"env": env, "profiles": results}, f, indent=1)
-    with open(os.path.join(args.out, "profiles.md"), "w") as f:
-        f.write(render_markdown(env, results))
+        _write(args.out, env, results)  # after every profile: a run cut short keeps what it measured
+    _write(args.out, env, results)
     print(f"wrote {args.out}/profiles.json and profiles.md")
     return 0 if all("error" not in r for r in results) else 1
+
+
+def _write(out, env, results):
+    with open(os.path.join(out, "profiles.json"), "w") as f:
+        json.dump({"env": env, "profiles": results}, f, indent=1)
+    with open(os.path.join(out, "profiles.md"), "w") as f:
+        f.write(render_markdown(env, results))
 
 
 def _fmt(v, spec=".0f"):
