@@ -174,8 +174,12 @@ def summarise(kernel) -> dict:
         "tensor_pipe_metric": best[0],
         "fma_pipe_pct": _pick(m, u, "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
         "sm_throughput_pct": _pick(m, u, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-        "dram_throughput_pct": _pick(m, u, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-                                     "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+        "dram_throughput_pct": _pick(m, u, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                                     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+        # Speed of Light's "Memory Throughput": the busiest of DRAM, L2 and L1/shared memory
+        "memory_throughput_pct": _pick(m, u, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+        "l1_shared_throughput_pct": _pick(m, u, "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+        "l2_throughput_pct": _pick(m, u, "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
         "achieved_occupancy_pct": _pick(m, u, "sm__warps_active.avg.pct_of_peak_sustained_active"),
         "registers_per_thread": _pick(m, u, "launch__registers_per_thread"),
         "local_bytes": sum(filter(None, [_pick(m, u, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"),
@@ -195,8 +199,12 @@ def limiter(k) -> str:
         spill = ""
     if tensor is not None and tensor >= 60:
         return f"tensor cores busy ({tensor:.0f}% of peak): compute-bound, as a FlashAttention kernel should be{spill}"
+    l1 = k.get("l1_shared_throughput_pct") or 0
     if dram >= 60:
         return f"memory-bound: DRAM at {dram:.0f}% of peak{spill}"
+    if l1 >= 60 and (tensor is None or tensor < 60):
+        return (f"shared-memory/L1 traffic at {l1:.0f}% of peak with the tensor pipe {tensor or 0:.0f}% busy: bound by "
+                f"moving tiles between shared memory and registers (DRAM {dram:.0f}%){spill}")
     if tensor is not None and tensor > 5:
         return (f"tensor pipe only {tensor:.0f}% busy with DRAM at {dram:.0f}%: latency-bound (softmax and "
                 f"data movement between the matrix products, occupancy {occ:.0f}%){spill}")
@@ -255,7 +263,9 @@ def main() -> int:
                 continue
             raw = subprocess.run([ncu, "--import", rep + ".ncu-rep", "--page", "raw", "--csv"],
                                  capture_output=True, text=True).stdout
-        kernels = [summarise(k) for k in _parse_raw(raw)]
+        parsed = _parse_raw(raw)
+        kernels = [dict(summarise(k), raw={name: value for name, value in k["metrics"].items()
+                                           if "__" in name and _num(value) is not None}) for k in parsed]
         total_us = sum(k["time_us"] for k in kernels)
         backend, mode, dtype, B, H, N, D, causal = PROFILES[label]
         entry = {"label": label, "backend": backend, "mode": mode, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
@@ -287,15 +297,16 @@ def _fmt(v, spec=".0f"):
 def render_markdown(env, results) -> str:
     lines = [f"# Nsight Compute profiles ({env['gpu']}, commit {env['commit']})", "",
              "One call per row, after warm-up; the kernel columns are those of the call's longest kernel.", "",
-             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | DRAM % | occupancy % | regs | spill bytes | smem bank conflicts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | DRAM % | L1/shared % | L2 % | occupancy % | regs | spill bytes | smem bank conflicts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['label']} | failed | | | | | | | | | |")
+            lines.append(f"| {r['label']} | failed | | | | | | | | | | | |")
             continue
         k = max(r["kernels"], key=lambda k: k["time_us"])
         lines.append(f"| {r['label']} | {_fmt(r['tflops'])} | {_fmt(r['time_us'])} | `{k['kernel'][:40]}` | "
                      f"{_fmt(k['tensor_pipe_pct'])} | {_fmt(k['fma_pipe_pct'])} | {_fmt(k['dram_throughput_pct'])} | "
+                     f"{_fmt(k.get('l1_shared_throughput_pct'))} | {_fmt(k.get('l2_throughput_pct'))} | "
                      f"{_fmt(k['achieved_occupancy_pct'])} | {_fmt(k['registers_per_thread'])} | {_fmt(k['local_bytes'])} | "
                      f"{_fmt(k['smem_bank_conflicts'])} |")
     lines += ["", "## What limits each one", ""]
