@@ -22,8 +22,11 @@ BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale *
 gradients' factor softmax_scale is scale_log2 * ln(2).
 
 Grouped-query attention (K, V with Hk = H // group heads; query head h reads K/V head h // group): the dQ
-kernel reads K/V head h // group; the dK/dV kernel runs per (K/V block, batch, K/V head) and loops over
-the group's query heads inside, summing their contributions in registers (no atomics, no copy of K/V).
+kernel reads K/V head h // group; the dK/dV kernel runs per (K/V block, batch, K/V head, split) and loops
+over its share of the group's query heads, summing their contributions in registers (no atomics, no copy
+of K/V). With one split a program covers the whole group and writes dK, dV; with more (few K/V heads, so
+few programs: MQA has B * cdiv(Nk, Bc) of them), each writes a float32 partial sum and the launcher adds
+the splits up.
 
 Dropout (DROPOUT constexpr): the keep mask Z is drawn again from the seed, exactly as the forward drew it
 (tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p), never stored:
@@ -130,19 +133,23 @@ def attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
-    H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
+    H, group, splits, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, K/V head) per program.
+    """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, K/V head, split) per program.
 
-    Q, DO (B, H, Nq, HEAD_DIM); K, V (B, Hk, Nk, HEAD_DIM) with Hk = H // group: the program sums the
-    contributions of the group's query heads hk * group ... hk * group + group - 1 in registers.
-    LSE and DELTA are (B, H, Nq) float32 contiguous; DK and DV (B, Hk, Nk, HEAD_DIM) contiguous.
-    Grid: (cdiv(Nk, BLOCK_N), B * Hk).
+    Q, DO (B, H, Nq, HEAD_DIM); K, V (B, Hk, Nk, HEAD_DIM) with Hk = H // group. The group's query heads
+    hk * group ... hk * group + group - 1 are cut into ``splits`` equal shares (group % splits == 0); the
+    program sums the contributions of its share in registers. LSE and DELTA are (B, H, Nq) float32
+    contiguous; DK and DV (B, Hk * splits, Nk, HEAD_DIM) contiguous: split s of K/V head hk at head
+    hk * splits + s (with splits = 1, dK and dV themselves). Grid: (cdiv(Nk, BLOCK_N), B * Hk * splits).
     """
     Hk = H // group
-    start_n, pid_bhk, off_b, off_hk = program_rows(Hk, BLOCK_N, False)
+    start_n, pid_out, off_b, off_hs = program_rows(Hk * splits, BLOCK_N, False)
+    off_hk = off_hs // splits
+    share = group // splits
+    first_h = off_hk * group + (off_hs % splits) * share  # this program's first query head
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -156,8 +163,8 @@ def attn_bwd_dkdv_kernel(
     # the Q blocks that see this K/V block: [start, full_start) partial, [full_start, full_end) full,
     # [full_end, end) partial (the first stage is empty unless the window bounds the right side)
     start, full_start, full_end, end = q_blocks(start_n, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
-    for g in range(0, group):  # the query heads that read this K/V head (one without GQA)
-        off_h = off_hk * group + g
+    for g in range(0, share):  # this program's query heads that read this K/V head (one without GQA)
+        off_h = first_h + g
         pid_bh = off_b * H + off_h  # int64
         Q_ptr = head_ptrs(Q, off_b, off_h, stride_qb, stride_qh, stride_qd, offs_d)
         DO_ptr = head_ptrs(DO, off_b, off_h, stride_dob, stride_doh, stride_dod, offs_d)
@@ -180,8 +187,8 @@ def attn_bwd_dkdv_kernel(
     # dK_j = softmax_scale * sum_h sum_i dS_ij^T Q_i  (summed over the group's query heads)
     dk = dk * (scale_log2 * _LN2)
 
-    store_rows(DK, pid_bhk, offs_n, Nk, offs_d, dk, HEAD_DIM, BLOCK_D)
-    store_rows(DV, pid_bhk, offs_n, Nk, offs_d, dv, HEAD_DIM, BLOCK_D)
+    store_rows(DK, pid_out, offs_n, Nk, offs_d, dk, HEAD_DIM, BLOCK_D)
+    store_rows(DV, pid_out, offs_n, Nk, offs_d, dv, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit

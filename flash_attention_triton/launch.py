@@ -166,6 +166,35 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
     _JIT[kernel][(triton.cdiv(grid_rows, block_of(meta)), BH)](*args, **consts, BLOCK_M=BM, BLOCK_N=BN, **extra)
 
 
+_SM_COUNT = {}
+SPLIT_BLOCK_N = 128  # the largest Bc of the dK/dV candidates: the fewest programs a config can give
+INTERPRETER_SMS = 2  # under the interpreter, as if the GPU had 2 SMs (so small tests take the split path)
+
+
+def dkdv_splits(B: int, Hk: int, group: int, Nk: int, device) -> int:
+    """How many programs share one K/V block's group of query heads in the dK/dV kernel.
+
+    One program per (K/V block, batch, K/V head) gives B * Hk * cdiv(Nk, Bc) programs: with few K/V heads
+    (MQA: Hk = 1) too few to fill the GPU, each looping over all ``group`` query heads. The split is the
+    smallest divisor of ``group`` that gives at least two programs per SM (at the largest Bc), else the
+    whole group: 1 without GQA or when the grid is already large.
+    """
+    if group == 1:
+        return 1
+    if INTERPRETED or device.type != "cuda":
+        sms = INTERPRETER_SMS
+    else:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in _SM_COUNT:
+            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        sms = _SM_COUNT[idx]
+    programs = triton.cdiv(Nk, SPLIT_BLOCK_N) * B * Hk
+    for s in range(1, group + 1):
+        if group % s == 0 and programs * s >= 2 * sms:
+            return s
+    return group
+
+
 def best_configs() -> dict:
     """The autotuner's choices so far: kernel -> {key: config string} (empty under the interpreter)."""
     return {name: {str(k): str(v) for k, v in t.cache.items()} for name, t in _TUNED.items()}
@@ -243,10 +272,19 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head), summing over the group's query heads
-    _launch("dkdv", Nk, B * Hk, (q, k, v, do, lse, delta, dk, dv, *common, H, group, Nq, Nk, *scale_args(scale),
-                                 *drop), consts,
+    # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head, split), summing over its share of the group's
+    #    query heads; with splits > 1 into float32 partial sums (B, Hk * splits, Nk, D), added up here
+    splits = dkdv_splits(B, Hk, group, Nk, q.device)
+    dk_out, dv_out = (dk, dv) if splits == 1 else (
+        torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=k.device) for _ in range(2))
+    _launch("dkdv", Nk, B * Hk * splits, (q, k, v, do, lse, delta, dk_out, dv_out, *common, H, group, splits, Nq, Nk,
+                                          *scale_args(scale), *drop), consts,
             Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"))
+    if splits > 1:  # dK_j = sum over the splits (each a sum over its share of the group)
+        torch.sum(dk_out.view(B, Hk, splits, Nk, D), dim=2, out=dk) if dk.dtype == torch.float32 else \
+            dk.copy_(dk_out.view(B, Hk, splits, Nk, D).sum(dim=2))
+        torch.sum(dv_out.view(B, Hk, splits, Nk, D), dim=2, out=dv) if dv.dtype == torch.float32 else \
+            dv.copy_(dv_out.view(B, Hk, splits, Nk, D).sum(dim=2))
     # 3. dQ_i: one program per Q block
     _launch("dq", Nq, B * H, (q, k, v, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale), *drop),
             consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"))

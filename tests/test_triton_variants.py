@@ -100,6 +100,27 @@ def test_gqa_matches_reference(B, Hq, Hk):
     assert dk.shape == k.shape and dv.shape == v.shape
 
 
+def test_dkdv_splits_rule():
+    """The dK/dV kernel splits a group only when the grid would be too small: the smallest divisor of the group
+    that gives two programs per SM (the interpreter counts INTERPRETER_SMS = 2)."""
+    from flash_attention_triton.launch import INTERPRETER_SMS, dkdv_splits
+
+    cpu = torch.device("cpu")
+    assert INTERPRETER_SMS == 2
+    assert dkdv_splits(1, 1, 1, 100, cpu) == 1  # no GQA: never split
+    assert dkdv_splits(1, 1, 8, 100, cpu) == 4  # one program: 4 splits give 4 = 2 per SM
+    assert dkdv_splits(1, 1, 3, 100, cpu) == 3  # no divisor is enough: one head per program
+    assert dkdv_splits(2, 2, 8, 300, cpu) == 1  # 2 * 2 * 3 programs already
+
+
+def test_gqa_split_group_matches_reference():
+    """MQA with 8 query heads on one K/V head: 4 programs per K/V block, each summing 2 heads into a float32
+    partial, added up by the launcher."""
+    q, k, v, do = gqa_inputs(1, 8, 1, 30, 50, 16, "float32")
+    _, _, _, dk, dv = check_against_reference(q, k, v, do, "float32", causal=False)
+    assert dk.shape == k.shape and dv.shape == v.shape
+
+
 @pytest.mark.parametrize("p,Hk,window", [(0.17, 2, (-1, -1)), (0.5, 1, (6, 3))], ids=["p0.17-gqa", "p0.5-mqa-w6_3"])
 def test_dropout_matches_reference(p, Hk, window):
     """O = (P * Z / (1 - p)) V with lse before dropout; the backward draws Z again from the seed."""

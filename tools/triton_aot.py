@@ -63,10 +63,10 @@ def _signature(kernel, dtype: str, constexprs: dict, seed_type: str = "i32"):
             sig[name] = "fp32"
         elif name == "dropout_seed":
             sig[name] = seed_type
-        elif name == "group" and not gqa:
+        elif name in ("group", "splits") and not gqa:  # the dK/dV kernel's splits of the group: 1 without GQA
             consts[name] = 1
             sig[name] = "constexpr"
-        else:  # H, Nq, Nk (and group with grouped-query attention)
+        else:  # H, Nq, Nk (and group, splits with grouped-query attention)
             sig[name] = "i32"
     return sig, consts, attrs
 
