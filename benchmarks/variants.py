@@ -216,7 +216,8 @@ def markdown(table, meta):
              f"{'GPU: ' + meta['gpu'] if meta.get('gpu') else 'CPU: ' + str(meta.get('cpu_model'))}; torch "
              f"{meta.get('torch')}, triton {meta.get('triton')}, CuPy {meta.get('cupy')}; git commit "
              f"{meta.get('git_commit', '?')}{' (with local changes)' if meta.get('git_dirty') else ''}.", "",
-             f"Reproduce: `{meta.get('command')}`", "",
+             f"Reproduce: `{meta.get('command')}`" + (f" (tables: its sections {', '.join(meta['sections'])})"
+                                                       if meta.get("sections") else ""), "",
              ("Times are medians of CUDA-event timings (triton.testing.do_bench)" if meta.get("device") == "cuda"
               else "Times are medians of time.perf_counter timings") + " in ms; x = best alternative's time / "
              "ours (above 1: ours is faster). fwd: the forward alone; bwd: the backward alone. TFLOP/s count visible "
@@ -268,11 +269,26 @@ def plot(table, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw=dict(width_ratios=(1, 1.6)))
     scaling = [e for e in table if e["section"] == "window-scaling" and tuple(e["window"]) != (-1, -1)]
-    names = sorted({b for e in scaling for b in e.get("time_vs_full", {})})
+    bars = [(e, b, x) for e in table if e["section"] != "window-scaling" for b, x in e["vs_best_alternative"].items()]
+    if scaling and bars:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw=dict(width_ratios=(1, 1.6)))
+    else:  # one of the two panels
+        fig, ax = plt.subplots(1, 1, figsize=(9 if bars else 7, 5.5))
+        ax1, ax2 = (ax, None) if scaling else (None, ax)
     styles = {b: (report.PALETTE[i % len(report.PALETTE)], report.MARKERS[i % len(report.MARKERS)])
               for i, b in enumerate(_ours(table) + ["flex"])}
+    if ax1 is not None:
+        _plot_scaling(ax1, scaling, styles)
+    if ax2 is not None:
+        _plot_bars(ax2, bars, styles)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _plot_scaling(ax1, scaling, styles):
+    names = sorted({b for e in scaling for b in e.get("time_vs_full", {})})
     for b in names:
         for mode, line in (("fwd", "-"), ("bwd", ":")):
             pts = sorted((e["visible_fraction"], e["time_vs_full"][b]) for e in scaling
@@ -287,7 +303,9 @@ def plot(table, path):
             title="sliding window (w, w), N = 16384")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=3, frameon=False)
-    bars = [(e, b, x) for e in table if e["section"] != "window-scaling" for b, x in e["vs_best_alternative"].items()]
+
+
+def _plot_bars(ax2, bars, styles):
     labels = []
     for i, (e, b, x) in enumerate(bars):
         colour, _ = styles[b]
@@ -302,15 +320,15 @@ def plot(table, path):
     ax2.set(ylabel="best PyTorch alternative's time / ours", title="speed-up over the best PyTorch alternative "
                                                                    "(hatched: backward)")
     ax2.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------ the run
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (variants.json, variants.md, variants.png)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="run nothing: rebuild variants.json/.md/.png in --out from the rows there (variants.json, or "
+                        "the variants.partial.json of a run cut short), keeping only --sections")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the plumbing (a CPU runs it in seconds)")
     p.add_argument("--sections", default="window-scaling,window,gqa,dropout",
@@ -334,6 +352,8 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"benchmarks.variants: --sections: unknown {sorted(unknown)}; "
                          "expected window-scaling, window, gqa, dropout")
+    if args.rebuild:
+        return rebuild(args.out, sections)
     todo = [c for c in cases(args.quick) if c["section"] in sections]
     ours = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     by_name = targets(ours)
@@ -365,14 +385,37 @@ def main(argv=None):
                 print(f"{r['section']:>14} {r['mode']} N={r['N']} Hq/Hk={r['Hq']}/{r['Hk']} D={r['D']} "
                       f"causal={r['causal']} window={_wtext(r['window'])} p={r['dropout_p']}: {r['backend']:>14} "
                       f"{r['time_ms']:.3f} ms {r['tflops']:.1f} TFLOP/s", flush=True)
-    table = summarise(rows)
-    with open(os.path.join(args.out, "variants.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows, summary=table), f, indent=1, default=str)
-    with open(os.path.join(args.out, "variants.md"), "w") as f:
-        f.write(markdown(table, meta))
-    plot(table, os.path.join(args.out, "variants.png"))
+    write(args.out, meta, rows)
     os.remove(os.path.join(args.out, "variants.partial.json"))
+    return 0
+
+
+def write(out, meta, rows):
+    """variants.json (meta, rows, summary), variants.md and variants.png in ``out``; prints the tables."""
+    table = summarise(rows)
+    with open(os.path.join(out, "variants.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows, summary=table), f, indent=1, default=str)
+    with open(os.path.join(out, "variants.md"), "w") as f:
+        f.write(markdown(table, meta))
+    plot(table, os.path.join(out, "variants.png"))
     print(markdown(table, meta))
+
+
+def rebuild(out, sections):
+    """--rebuild: the files of ``out`` again from its rows, only those of ``sections`` (a run cut short: from
+    variants.partial.json, marked meta.partial)."""
+    done, partial = os.path.join(out, "variants.json"), os.path.join(out, "variants.partial.json")
+    path = done if os.path.isfile(done) else partial
+    if not os.path.isfile(path):
+        raise SystemExit(f"benchmarks.variants: --rebuild: neither variants.json nor variants.partial.json in {out!r}")
+    with open(path) as f:
+        doc = json.load(f)
+    meta = dict(doc["meta"], partial=path == partial or doc["meta"].get("partial", False))
+    rows = [dict(r, window=tuple(r["window"])) for r in doc["rows"] if r["section"] in sections]
+    meta["sections"] = sections
+    write(out, meta, rows)
+    if path == partial:
+        os.remove(partial)
     return 0
 
 

@@ -394,6 +394,140 @@ def t_cpu_accuracy(R, lang):
                   "`flash_attn_torch`", "`flash_attn_numpy`"], rows)
 
 
+# ------------------------------------------------------------------------------------ the Hopper table, profiles, variants
+def _hopper(R):
+    return R.json("cuda/hopper_summary.json")["rows"]
+
+
+def _ratio_span(rows, num, den, pick=max):
+    """span of (best of ``num`` backends) / ``den`` over ``rows`` (None where a figure is missing)."""
+    vals = []
+    for r in rows:
+        t = r["tflops"]
+        mine = [t[n] for n in num if t.get(n)]
+        if mine and t.get(den):
+            vals.append(pick(mine) / t[den])
+    return vals
+
+
+def t_hopper_targets(R, lang):
+    """The performance targets against the recorded Hopper table (docs/results/cuda/hopper_summary.json)."""
+    rows = _hopper(R)
+    big = [r for r in rows if r["N"] >= 4096]
+    fwd, bwd = [r for r in big if r["mode"] == "fwd"], [r for r in big if r["mode"] == "bwd"]
+    small = [r for r in rows if r["N"] == 1024]
+
+    def verdict(vals, target):
+        lo = min(vals)
+        if lo >= target:
+            return H(lang, "met", "达到")
+        return H(lang, f"no: {lo:.2f}× at worst, {target - lo:.2f} short", f"否：最差 {lo:.2f}×，差 {target - lo:.2f}")
+
+    out = []
+    ours_fwd = _ratio_span(fwd, ("triton", "cuda-wgmma"), "sdpa-cudnn")
+    out.append([H(lang, "forward, best of ours ≥ 1.0× cuDNN (D 64/128, N ≥ 4096, fp16/bf16, causal and not)",
+                  "前向，我们最快者 ≥ 1.0× cuDNN（D 64/128，N ≥ 4096，fp16/bf16，因果与否）"),
+                span(ours_fwd, f2, "×"), verdict(ours_fwd, 1.0)])
+    d128 = [r for r in fwd if r["D"] == 128 and r["dtype"] == "float16" and not r["causal"]]
+    best = max(max(r["tflops"].get(n) or 0 for n in ("triton", "cuda-wgmma")) for r in d128)
+    out.append([H(lang, "stretch: 648 TFLOP/s forward at D128 fp16, not causal (FlashAttention-3's paper)",
+                  "延伸目标：D128 fp16 非因果前向 648 TFLOP/s（FlashAttention-3 论文）"),
+                f"{best:.0f} TFLOP/s", H(lang, f"no: {best / 648:.2f}× of it", f"否：为其 {best / 648:.2f}×")])
+    cb_fa2 = _ratio_span(bwd, ("cuda-wgmma",), "sdpa-flash")
+    cb_cudnn = _ratio_span(bwd, ("cuda-wgmma",), "sdpa-cudnn")
+    out.append([H(lang, "CUDA backward ≥ 1.2× FA2 (N ≥ 4096)", "CUDA 反向 ≥ 1.2× FA2（N ≥ 4096）"),
+                span(cb_fa2, f2, "×"), verdict(cb_fa2, 1.2)])
+    out.append([H(lang, "CUDA backward ≥ 0.8× cuDNN (N ≥ 4096)", "CUDA 反向 ≥ 0.8× cuDNN（N ≥ 4096）"),
+                span(cb_cudnn, f2, "×"), verdict(cb_cudnn, 0.8)])
+    tb = _ratio_span(bwd, ("triton",), "sdpa-flash")
+    out.append([H(lang, "(Triton backward against FA2, N ≥ 4096, for comparison)", "（Triton 反向相对 FA2，N ≥ 4096，作对照）"),
+                span(tb, f2, "×"), ""])
+    for name in ("triton", "cuda-wgmma", "cuda-mma"):
+        vals = _ratio_span(small, (name,), "sdpa-flash")
+        below = sum(v < 1.0 for v in vals)
+        out.append([H(lang, f"N = 1024: {name} ≥ 1.0× FA2, forward and backward, causal and not",
+                      f"N = 1024：{name} ≥ 1.0× FA2，前向与反向，因果与否"),
+                    span(vals, f2, "×"), H(lang, "met", "达到") if not below else
+                    H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
+    header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
+    return table(header, out)
+
+
+def t_hopper_table(R, lang):
+    """Every row at N = 4096 of hopper_summary.json: TFLOP/s per backend, and best-of-ours over cuDNN."""
+    names = ("sdpa-flash", "sdpa-cudnn", "triton", "cuda-wgmma", "cuda-mma")
+    out = []
+    for r in _hopper(R):
+        if r["N"] != 4096:
+            continue
+        t = r["tflops"]
+        best = max(t.get("triton") or 0, t.get("cuda-wgmma") or 0)
+        out.append([r["mode"], SHORT_DTYPE[r["dtype"]], r["D"], H(lang, "yes", "是") if r["causal"] else H(lang, "no", "否")]
+                   + [f0(t[n]) if t.get(n) else DASH for n in names] + [f"{best / t['sdpa-cudnn']:.2f}×"])
+    header = [H(lang, "mode", "模式"), H(lang, "dtype", "数据类型"), "D", H(lang, "causal", "因果"), "FA2", "cuDNN",
+              "triton", "cuda-wgmma", "cuda-mma", H(lang, "best of ours / cuDNN", "我们最快者 / cuDNN")]
+    return table(header, out, right=set(range(4, 10)))
+
+
+def t_ncu_profiles(R, lang):
+    """The Nsight Compute table (docs/results/cuda/ncu/profiles.json): the longest kernel of each profiled call."""
+    out = []
+    for p in R.json("cuda/ncu/profiles.json")["profiles"]:
+        if "error" in p:
+            continue
+        k = max(p["kernels"], key=lambda k: k["time_us"])
+
+        def pct(x):
+            return DASH if x is None else f0(x)
+        out.append([p["label"], f0(p["tflops"]), pct(k["tensor_pipe_pct"]), pct(k["fma_pipe_pct"]),
+                    pct(k["dram_throughput_pct"]), pct(k.get("l1_shared_throughput_pct")),
+                    pct(k["achieved_occupancy_pct"]), pct(k["registers_per_thread"]), f0(k["local_bytes"]),
+                    f"{k['smem_bank_conflicts']:.3g}"])
+    header = [H(lang, "profile", "剖析"), "TFLOP/s", H(lang, "tensor pipe %", "张量管线 %"), H(lang, "FMA pipe %", "FMA 管线 %"),
+              "DRAM %", H(lang, "L1/shared %", "L1/共享内存 %"), H(lang, "occupancy %", "占用率 %"),
+              H(lang, "registers", "寄存器"), H(lang, "spill bytes", "溢出字节"),
+              H(lang, "shared-memory bank conflicts", "共享内存 bank 冲突")]
+    return table(header, out, right=set(range(1, 10)))
+
+
+def _variants(R, part):
+    return R.json(f"benchmark/h100-variants/{part}/variants.json")["summary"]
+
+
+def t_variants_window(R, lang):
+    """Window scaling at N = 16384: time over full attention's against the visible fraction."""
+    rows = [e for e in _variants(R, "window") if e["section"] == "window-scaling"]
+    names = ("triton", "cuda-wgmma", "flex")
+    out = []
+    for e in rows:
+        w = e["window"]
+        label = H(lang, "full", "全部") if tuple(w) == (-1, -1) else f"({w[0]}, {w[1]})"
+        out.append([e["mode"], label, f"{e['visible_fraction']:.3f}"]
+                   + [f"{e['time_vs_full'][n]:.3f}" if n in e.get("time_vs_full", {}) else DASH for n in names])
+    header = [H(lang, "mode", "模式"), H(lang, "window", "窗口"), H(lang, "visible fraction", "可见比例")] + \
+        [H(lang, f"{n}: time / full", f"{n}：时间 / 全注意力") for n in names]
+    return table(header, out, right={2, 3, 4, 5})
+
+
+def t_variants_compare(R, lang):
+    """Each variant case: our time against the best PyTorch alternative's (window, GQA, dropout)."""
+    rows = [e for e in _variants(R, "window") if e["section"] == "window"] + _variants(R, "gqa-dropout")
+    out = []
+    for e in rows:
+        w = e["window"]
+        what = {"window": f"window ({w[0]}, {w[1]})", "gqa": f"GQA Hq={e['Hq']} Hk={e['Hk']}",
+                "dropout": f"dropout p={e['dropout_p']}"}[e["section"]]
+        x = e["vs_best_alternative"]
+        out.append([what, e["mode"], e["N"], e["D"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
+                    e["best_alternative"], f"{e['best_alternative_ms']:.3f}",
+                    f"{x['triton']:.2f}×" if "triton" in x else DASH,
+                    f"{x['cuda-wgmma']:.2f}×" if "cuda-wgmma" in x else DASH])
+    header = [H(lang, "variant", "变体"), H(lang, "mode", "模式"), "N", "D", H(lang, "causal", "因果"),
+              H(lang, "best PyTorch alternative", "最快的 PyTorch 方案"), "ms",
+              H(lang, "triton ×", "triton ×"), H(lang, "cuda-wgmma ×", "cuda-wgmma ×")]
+    return table(header, out, right={2, 3, 6, 7, 8})
+
+
 TABLES = {
     "cpu-memory": t_cpu_memory,
     "cpu-accuracy": t_cpu_accuracy,
@@ -406,10 +540,36 @@ TABLES = {
     "triton-perf": t_triton_perf,
     "triton-accuracy": t_triton_accuracy,
     "triton-n1024": t_triton_n1024,
+    "hopper-targets": t_hopper_targets,
+    "hopper-table": t_hopper_table,
+    "ncu-profiles": t_ncu_profiles,
+    "variants-window": t_variants_window,
+    "variants-compare": t_variants_compare,
 }
 
 
 # ------------------------------------------------------------------------------------ figures quoted in prose
+def variants_figures(R):
+    """The figures of performance.md §7 and §9 quoted in prose, from hopper_summary.json and the variants runs."""
+    win = [e for e in _variants(R, "window") if e["section"] == "window"]
+    gd = _variants(R, "gqa-dropout")
+    fwd = [x for e in win if e["mode"] == "fwd" for b, x in e["vs_best_alternative"].items() if b in ("triton", "cuda-wgmma")]
+    tri_bwd = [e["vs_best_alternative"]["triton"] for e in win if e["mode"] == "bwd"]
+    drop = [x for e in gd if e["section"] == "dropout" for x in e["vs_best_alternative"].values()]
+    mqa = [e["vs_best_alternative"]["triton"] for e in gd if e["section"] == "gqa" and e["mode"] == "bwd" and e["Hk"] == 1]
+    w512 = next(e for e in _variants(R, "window") if e["section"] == "window-scaling" and e["mode"] == "fwd"
+                and tuple(e["window"]) == (512, 512))
+    hop = [r for r in _hopper(R) if r["N"] >= 4096 and r["mode"] == "bwd"]
+    tri_hop = _ratio_span(hop, ("triton",), "sdpa-flash")
+    return [
+        ("docs/performance.md", f"forward {span(fwd, f2, '×')} FlexAttention for both; backward {span(tri_bwd, f2, '×')} (Triton)"),
+        ("docs/performance.md", f"**Dropout** is {span(drop, lambda x: f'{x:.2g}', '×')} of SDPA's"),
+        ("docs/performance.md", f"(Triton {span(mqa, f2, '×')} at Hk = 1"),
+        ("docs/performance.md", f"({w512['time_vs_full']['triton']:.3f} against {w512['visible_fraction']:.3f} at w = 512)"),
+        ("docs/performance.md", f"Triton's backward is {span(tri_hop, lambda x: f'{x:.1f}', '×')} FA2 at N ≥ 4096"),
+    ]
+
+
 def prose(R):
     """[(page, text)]: each text, built from the result files, must occur verbatim in its page."""
     L, T, B = ladder_stats(R), triton_stats(R), backward_stats(R)
@@ -442,7 +602,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return [
+    return variants_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
