@@ -301,6 +301,15 @@ def record(backend, device, dtype, quantity, max_abs, rel, naive_max_abs):
     e["cases"] += 1
 
 
+def merge_errors(rows):
+    """Fold rows of :func:`error_table` recorded elsewhere (another pytest-xdist worker) into this process's."""
+    for r in rows:
+        e = _ERRORS[(r["backend"], r["device"], r["dtype"], r["quantity"])]
+        for k in ("max_abs", "rel_norm", "naive_max_abs"):
+            e[k] = max(e[k], r[k])
+        e["cases"] += r["cases"]
+
+
 def error_table():
     """The recorded worst errors, one dict per (backend, device, dtype, quantity), sorted."""
     order = {"o": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}

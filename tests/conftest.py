@@ -53,6 +53,21 @@ def recorded_launches(monkeypatch):
     return calls
 
 
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its accuracy rows to the controller, which prints the one table."""
+    if hasattr(session.config, "workeroutput"):
+        import json
+
+        session.config.workeroutput["fa_error_rows"] = json.dumps(testing.error_table())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist's hook: a worker finished
+    import json
+
+    testing.merge_errors(json.loads(getattr(node, "workeroutput", {}).get("fa_error_rows", "[]")))
+
+
 def pytest_terminal_summary(terminalreporter):
     rows = testing.error_table()
     if not rows:

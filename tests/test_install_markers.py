@@ -132,7 +132,7 @@ def test_imports_without_triton_and_cupy():
 def test_suite_collects_without_triton_and_cupy(tmp_path):
     """Every test file imports without triton and cupy (their tests then skip with the reason)."""
     (tmp_path / "block_gpu_packages.py").write_text(BLOCK)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "block_gpu_packages", "--collect-only", "-q",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-p", "block_gpu_packages", "--collect-only", "-q",
                         "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=_env(f"{tmp_path}{os.pathsep}{ROOT}"))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

@@ -130,7 +130,7 @@ def test_the_release_own_tests_run(rel):
     """A few fast tests of the release's own suite, on the CPU (the GPU suite is the repository's)."""
     out, _ = rel
     # (-k: the non-finite-input cases depend on the torch/triton versions, not on the release)
-    p = _run(out, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_foundation.py", "-k", "not nonfinite",
+    p = _run(out, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "tests/test_foundation.py", "-k", "not nonfinite",
              "tests/test_labs.py::test_the_graders_given_code_is_the_templates",
              "tests/test_labs.py::test_lab3_template_is_generated_from_the_repository_kernel", cpu_only=True)
     text = p.stdout + p.stderr
