@@ -21,7 +21,7 @@ needs the op); CuPy arrays do not go through them.
 """
 from __future__ import annotations
 
-from flash_attention_py.custom_ops import NAMESPACE, attention_ops
+from flash_attention_py.custom_ops import NAMESPACE, attention_ops, call_forward
 from flash_attention_py.masks import window_for
 
 from .launch_specs import run_backward, run_forward
@@ -56,4 +56,5 @@ def forward_op(q, k, v, causal: bool, scale: float, kernel: str, window: tuple, 
     Grouped-query K/V heads need nothing here (the shapes carry them)."""
     p, seed = dropout
     seed = seed or 0
-    return cuda_fwd(q, k, v, causal, scale, kernel, window[0], window[1], p, seed & 0xFFFFFFFF, seed >> 32)
+    return call_forward(cuda_fwd, q, k, v, causal, scale, kernel, window[0], window[1], p, seed & 0xFFFFFFFF,
+                        seed >> 32)

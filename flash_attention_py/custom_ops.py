@@ -17,6 +17,13 @@ tensors), and its autograd registration tells AOTAutograd how to differentiate i
 q, k, v, o and lse and its backward calls the backward op. The backward op is not itself differentiable: a
 second backward raises a ``RuntimeError`` that says so. The ops take inputs the public function has checked.
 
+Outside ``torch.compile`` the dispatcher is pure cost: a custom op's autograd goes through several layers of
+Python (argument defaults, redispatch, a Dynamo guard), about 200 µs of host time per forward and backward,
+as long as the kernels themselves at N = 1024. So :func:`call_forward` runs the op only while compiling and
+otherwise ``fwd.eager``, a plain ``torch.autograd.Function`` over the same two functions: the same kernels,
+the same saved tensors, and the same double-backward error (a backward that must build a graph goes through
+the backward op, whose autograd raises it).
+
 torch is imported inside the functions, so importing this module costs nothing.
 """
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable
 
-__all__ = ["NAMESPACE", "attention_ops", "on_device"]
+__all__ = ["NAMESPACE", "attention_ops", "call_forward", "on_device"]
 
 NAMESPACE = "fa_ladder"
 
@@ -102,4 +109,31 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
 
     fwd.register_autograd(fwd_backward, setup_context=fwd_setup_context)
     bwd.register_autograd(bwd_backward, setup_context=lambda ctx, inputs, output: None)
+
+    class Eager(torch.autograd.Function):
+        """The forward op's eager twin (see the module docstring): no dispatcher between autograd and the kernels."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, *rest):
+            o, lse = fwd_impl(q, k, v, causal, scale, *rest)
+            fwd_setup_context(ctx, (q, k, v, causal, scale) + rest, (o, lse))
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            if torch.is_grad_enabled():  # create_graph=True: the backward op, whose own backward raises
+                return fwd_backward(ctx, do, dlse)
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = bwd_impl(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args)
+            return (dq, dk, dv, None, None) + (None,) * (len(extra_args) + len(variant_args))
+
+    fwd.eager = Eager.apply
     return fwd, bwd
+
+
+def call_forward(fwd, *args):
+    """``fwd(*args)`` (a forward op of :func:`attention_ops`) while ``torch.compile`` traces, else its eager
+    twin ``fwd.eager(*args)``: the same (o, lse) and gradients with a fraction of the host time."""
+    import torch
+
+    return fwd(*args) if torch.compiler.is_compiling() else fwd.eager(*args)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from flash_attention_py import masks
-from flash_attention_py.custom_ops import on_device
+from flash_attention_py.custom_ops import call_forward, on_device
 from flash_attention_py.validation import (check_dropout, check_flag, check_qkv, check_scale_range, resolve_lazy,
                                            resolve_softmax_scale, resolve_window)
 
@@ -140,7 +140,8 @@ def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, window_size=
     # through the torch.library custom op (library_ops.py): one graph node for torch.compile, differentiable
     # through its registered backward op. Eager calls that need no gradient skip its dispatch (~30 us).
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
-        o, lse = library_ops.triton_fwd(q, k, v, False, scale, window[0], window[1], p, library_ops.seed_arg(seed))
+        o, lse = call_forward(library_ops.triton_fwd, q, k, v, False, scale, window[0], window[1], p,
+                              library_ops.seed_arg(seed))
     else:
         with on_device(q):
             o, lse = _forward(q, k, v, window, scale, dropout_p=p, dropout_seed=seed)
