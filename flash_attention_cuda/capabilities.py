@@ -19,7 +19,7 @@ from typing import Optional
 from flash_attention_py.capabilities import Capability, torch_cuda_reason
 from flash_attention_py.validation import FLOAT_DTYPES
 
-__all__ = ["CAPABILITIES", "BACKWARD", "KERNEL_OF", "HOPPER", "is_hopper", "has_mma", "mma_backward_applies", "cc_text",
+__all__ = ["CAPABILITIES", "BACKWARD", "KERNEL_OF", "HOPPER", "TENSOR_CORE_HEAD_DIMS", "is_hopper", "has_mma", "mma_backward_applies", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
 HOPPER = (9, 0)  # wgmma.cu uses sm_90a instructions: compute capability 9.0 exactly
@@ -106,15 +106,19 @@ _HALF = {"cuda": ("float16", "bfloat16")}
 # The tensor-core kernels (mma.cu, wgmma.cu, mma_backward.cu) take every variant: a window, grouped-query K/V
 # heads and dropout; the fp32 kernels (naive.cu, tiled.cu, backward.cu) the causal mask only.
 _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
+# The head dims the tensor-core kernels are compiled for; any other D <= 128 is zero-padded to the next of them
+# (launch_specs.padded_head_dim: zero columns leave Q K^T, and so P, unchanged, and give O zero columns that are
+# cut off), at the cost of the padded work and one copy of q, k, v.
+TENSOR_CORE_HEAD_DIMS = (64, 128)
 
 CAPABILITIES = {
     c.name: c
     for c in (
         Capability("cuda-naive", dtypes=_FP32, max_head_dim=128, probe=cuda_probe),
         Capability("cuda-tiled", dtypes=_FP32, max_head_dim=128, probe=tiled_probe),
-        Capability("cuda-mma", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128, variants=_ALL_VARIANTS,
+        Capability("cuda-mma", dtypes=_HALF, max_head_dim=128, variants=_ALL_VARIANTS,
                    probe=cuda_probe),
-        Capability("cuda-wgmma", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128, hopper_only=True,
+        Capability("cuda-wgmma", dtypes=_HALF, max_head_dim=128, hopper_only=True,
                    variants=_ALL_VARIANTS, probe=hopper_probe),
     )
 }
@@ -123,7 +127,7 @@ KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-mma' -
 # The backward of every rung: the tensor-core kernels (mma_backward.cu, compute capability >= 8.0) where they
 # apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64 are converted to fp32 and back).
 BACKWARD = {
-    "mma": Capability("cuda-mma-backward", dtypes=_HALF, head_dims=(64, 128), max_head_dim=128,
+    "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=128,
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }

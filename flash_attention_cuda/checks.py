@@ -24,7 +24,7 @@ CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "
 
 
 def supported_text() -> str:
-    """'cuda-naive: float32, D <= 128; ...; cuda-wgmma: float16/bfloat16, D in {64, 128}' for error messages."""
+    """'cuda-naive: float32, D <= 128; ...; cuda-wgmma: float16/bfloat16, D <= 128' for error messages."""
     return "; ".join(cap.text() for cap in RUNGS.values())
 
 
@@ -78,7 +78,7 @@ def _check_variants(cap, kernel: str, used: dict, tables: dict, fn: str) -> None
         able = [name for name, c in tables.items() if all(u in c.variants for u in used)]
         raise ValueError(f"{fn}: kernel {kernel!r} does not take {'; '.join(missing)} (it takes "
                          f"{', '.join(cap.variants)}); the variants need kernel "
-                         f"{' or '.join(repr(a) for a in able)} with float16/bfloat16 and D in {{64, 128}}")
+                         f"{' or '.join(repr(a) for a in able)} ({'; '.join(tables[a].text() for a in able)})")
 
 
 def check_forward(q, k, v, *, causal, softmax_scale, kernel, return_lse, fn: str, window_size=FULL, dropout_p=0.0,

@@ -36,7 +36,7 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import mma_backward_applies
+from .capabilities import TENSOR_CORE_HEAD_DIMS, mma_backward_applies
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
@@ -324,11 +324,26 @@ def _check_variants(kernel: str, p: Problem, fn: str) -> None:
                          f"tensor-core kernels (mma, wgmma; backward: mma)")
 
 
+def padded_head_dim(D: int) -> int:
+    """The head dim the tensor-core kernels run a problem of head dim D at: the smallest of
+    ``capabilities.TENSOR_CORE_HEAD_DIMS`` that is >= D (D itself when it is one of them)."""
+    for size in TENSOR_CORE_HEAD_DIMS:
+        if D <= size:
+            return size
+    raise ValueError(f"padded_head_dim: the tensor-core kernels take D <= {TENSOR_CORE_HEAD_DIMS[-1]}, got {D}")
+
+
 def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tuple] = None, dropout=(0.0, None)):
     """Launch rung ``kernel``'s forward on checked q, k, v (made contiguous) -> (o in q's dtype, lse float32).
 
     q (B, Hq, Nq, D); k, v (B, Hk, Nk, D) with Hq % Hk == 0 (mma, wgmma; the others Hk == Hq); dropout:
-    (dropout_p, dropout_seed), checked (mma, wgmma only)."""
+    (dropout_p, dropout_seed), checked (mma, wgmma only). mma and wgmma run a D they are not compiled for on
+    copies zero-padded to ``padded_head_dim(D)`` (``scale`` is the caller's, so the scores are those of D)."""
+    D = q.shape[-1]
+    if kernel in ("mma", "wgmma") and padded_head_dim(D) != D:
+        Dp = padded_head_dim(D)
+        o, lse = run_forward(*(runtime.pad_last(x, Dp) for x in (q, k, v)), window, scale, kernel, config, dropout)
+        return runtime.cut_last(o, D), lse
     q, k, v = (runtime.contig(x) for x in (q, k, v))
     p = _problem(q, k, scale, window, dropout=dropout)
     _check_variants(kernel, p, "run_forward")
@@ -351,13 +366,20 @@ def run_seed_nomax(q, k, v, scale: float):
 
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
-    """dQ, dK, dV in q's dtype from checked inputs; kernel 'mma' (fp16/bf16, D 64/128), 'tiled' (fp32 kernels:
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'mma' (fp16/bf16, D <= 128: D other than 64 and 128
+    zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels:
     other dtypes are converted to float32 and the gradients back) or 'auto' (mma where it applies).
 
     q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (mma only): dK, dV (B, Hk, Nk, D) are summed
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (mma only)."""
     if kernel == "auto":
         kernel = "mma" if mma_backward_applies(dtype_name(q), q.shape[-1], runtime.device_cc(q)) else "tiled"
+    D = q.shape[-1]
+    if kernel == "mma" and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged
+        Dp = padded_head_dim(D)
+        q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))
+        grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
+        return tuple(runtime.cut_last(g, D) for g in grads)
     out_dtype = dtype_name(q)
     if kernel == "mma":
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))

@@ -55,15 +55,16 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         The variants beyond causal (a window, Hk < Hq, dropout_p > 0) run on kernels 'mma' and 'wgmma' only
         (and the 'mma' backward); the fp32 kernels 'naive' and 'tiled' refuse them (capabilities.py).
         softmax_scale: defaults to 1/sqrt(D).
-        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D in {64, 128}) |
-                'wgmma' (fp16/bf16, D in {64, 128}, Hopper only) | 'auto' (for fp16/bf16 with D 64 or 128:
-                wgmma on a Hopper GPU, else mma; otherwise tiled).
+        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 128) |
+                'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'auto' (for fp16/bf16: wgmma on a Hopper GPU,
+                else mma; otherwise tiled). mma and wgmma are compiled for D = 64 and 128: another D runs on
+                copies of q, k, v zero-padded to the next of them (exact; the padded work and one copy).
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
             dropout.
 
     Returns O (B, Hq, Nq, D) in q's dtype (and lse (B, Hq, Nq)). A row that sees no key gives O = 0, lse = -inf.
     Differentiable for torch tensors: the backward recomputes from the saved lse, on tensor cores for
-    fp16/bf16 with D 64 or 128 (``kernels/mma_backward.cu``), else with the fp32 kernels (fp16/bf16
+    fp16/bf16 (``kernels/mma_backward.cu``, D padded as in the forward), else with the fp32 kernels (fp16/bf16
     upcast). D <= 128 for the backward. For torch tensors that need gradients, and under ``torch.compile``,
     the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
     ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
@@ -138,7 +139,7 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
 
         {VARIANTS}
 
-    kernel: 'mma' (fp16/bf16, D in {64, 128}, compute capability >= 8.0: tensor cores, fp32 accumulation,
+    kernel: 'mma' (fp16/bf16, D <= 128 (padded to 64 or 128), compute capability >= 8.0: tensor cores, fp32 accumulation,
     kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32
     kernels of kernels/backward.cu run) | 'auto' (mma where it applies, else tiled).
     """

@@ -211,6 +211,23 @@ def as_cupy(x):
     return x
 
 
+def pad_last(x, size: int):
+    """x with its last dimension zero-padded to ``size`` (a new contiguous array; torch tensor or CuPy array)."""
+    extra = size - x.shape[-1]
+    if array_kind(x) == "torch":
+        import torch
+
+        return torch.nn.functional.pad(x, (0, extra)).contiguous()
+    import cupy
+
+    return cupy.ascontiguousarray(cupy.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)]))
+
+
+def cut_last(x, size: int):
+    """The first ``size`` entries of x's last dimension, as a contiguous array (undoes pad_last)."""
+    return contig(x[..., :size])
+
+
 def contig(x):
     """x itself if C-contiguous, else a contiguous copy (torch tensor or CuPy array)."""
     if array_kind(x) == "torch":

@@ -56,11 +56,11 @@ def test_unknown_kernel_name():
         flash_attn_cuda(q, q, q, kernel=3)
 
 
-@pytest.mark.parametrize("kernel,dtype,D", [("mma", "float32", 64), ("mma", "float16", 96), ("naive", "float16", 64),
+@pytest.mark.parametrize("kernel,dtype,D", [("mma", "float32", 64), ("mma", "float16", 160), ("naive", "float16", 64),
                                             ("tiled", "float32", 256), ("auto", "float64", 64)])
 def test_unsupported_combination_lists_what_is_supported(kernel, dtype, D):
     q = torch.randn(1, 1, 4, D).to(getattr(torch, dtype))
-    with pytest.raises(ValueError, match=r"D = %d.*mma: float16/bfloat16, D in \{64, 128\}" % D):
+    with pytest.raises(ValueError, match=r"D = %d.*mma: float16/bfloat16, D <= 128" % D):
         flash_attn_cuda(q, q, q, kernel=kernel)
 
 
@@ -77,7 +77,7 @@ def test_numpy_and_shape_errors():
 
 def test_rung_table():
     assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma")
-    assert fac.RUNGS["wgmma"].supports("float16", 64) and not fac.RUNGS["wgmma"].supports("float16", 96)
+    assert fac.RUNGS["wgmma"].supports("float16", 96) and not fac.RUNGS["wgmma"].supports("float16", 160)
     assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
     assert all(fac.RUNGS[name[len("cuda-"):]] is cap for name, cap in CAPABILITIES.items())  # one table
     assert [n for n, c in CAPABILITIES.items() if c.hopper_only] == ["cuda-wgmma"]
@@ -224,6 +224,48 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         for c in recorded_launches:
             _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
+
+
+@pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128)])
+def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
+    assert launch_specs.padded_head_dim(D) == padded
+    with pytest.raises(ValueError, match="padded_head_dim: the tensor-core kernels take D <= 128, got 160"):
+        launch_specs.padded_head_dim(160)
+
+
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
+    """D = 40 and 96 run the D = 64 and 128 kernels on zero-padded copies, and hand back D columns: a stand-in
+    kernel (float64 attention of the arrays it is given, written into O/LSE and dQ/dK/dV) shows that the
+    padding and the cutting back give the answer of the unpadded problem, forward and backward."""
+    seen = []
+
+    def fake_launch(stream, spec, arrays, as_arg=None):
+        seen.append((spec.name, arrays["Q"].shape[-1]))
+        Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
+        if "O" in arrays and "dO" not in arrays:  # a forward
+            o, lse = attention_reference(Q, K, V, causal=True, softmax_scale=0.3, return_lse=True)
+            arrays["O"].copy_(o.to(arrays["O"].dtype))
+            arrays["LSE"].copy_(lse.float())
+        elif "preprocess" in spec.name:  # the backward's first launch: all three gradients at once
+            for name, g in zip(("dQ", "dK", "dV"),
+                               attention_reference_grads(Q, K, V, arrays["dO"], causal=True, softmax_scale=0.3)):
+                arrays[name].copy_(g.to(arrays[name].dtype))
+
+    monkeypatch.setattr(runtime, "launch", fake_launch)
+    for D in (40, 96):
+        x = make_inputs(1, 2, 33, 70, D, dtype="float32", kind="torch")
+        q, k, v, do = (t.half() for t in (x["q"], x["k"], x["v"], x["do"]))
+        o, lse = launch_specs.run_forward(q, k, v, CAUSAL, 0.3, kernel)
+        assert o.shape == q.shape and o.is_contiguous() and o.dtype == q.dtype
+        assert seen[-1][1] == launch_specs.padded_head_dim(D)  # the kernel saw the padded head dim
+        ref_o, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=0.3, return_lse=True)
+        assert (o.double() - ref_o).abs().max() < 2e-3 and (lse.double() - ref_lse).abs().max() < 1e-5
+        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "mma")
+        assert seen[-1][1] == launch_specs.padded_head_dim(D)
+        for g, r, t in zip(grads, attention_reference_grads(q, k, v, do, causal=True, softmax_scale=0.3), (q, k, v)):
+            assert g.shape == t.shape and g.is_contiguous()
+            assert (g.double() - r).abs().max() < 2e-2 * max(1.0, r.abs().max().item())
 
 
 # ------------------------------------------------------------------ GPU
@@ -415,7 +457,7 @@ def test_mma_backward_matches_reference(dtype, D):
 def test_backward_bad_input():
     q, k, v, do = _inputs(1, 2, 16, 16, 64, "float16")
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
-    with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D in \{64, 128\}"):
+    with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 128"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
     with pytest.raises(ValueError, match="kernel must be one of auto, mma, tiled"):
         flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="wgmma")
