@@ -280,11 +280,9 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     _launch("dkdv", Nk, B * Hk * splits, (q, k, v, do, lse, delta, dk_out, dv_out, *common, H, group, splits, Nq, Nk,
                                           *scale_args(scale), *drop), consts,
             Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"))
-    if splits > 1:  # dK_j = sum over the splits (each a sum over its share of the group)
-        torch.sum(dk_out.view(B, Hk, splits, Nk, D), dim=2, out=dk) if dk.dtype == torch.float32 else \
-            dk.copy_(dk_out.view(B, Hk, splits, Nk, D).sum(dim=2))
-        torch.sum(dv_out.view(B, Hk, splits, Nk, D), dim=2, out=dv) if dv.dtype == torch.float32 else \
-            dv.copy_(dv_out.view(B, Hk, splits, Nk, D).sum(dim=2))
+    if splits > 1:  # dK_j, dV_j = sums over the splits (each a sum over its share of the group)
+        for grad, part in ((dk, dk_out), (dv, dv_out)):
+            grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
     # 3. dQ_i: one program per Q block
     _launch("dq", Nq, B * H, (q, k, v, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale), *drop),
             consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"))
