@@ -1,10 +1,13 @@
 """What the CUDA rungs take, declared once, and whether they can run here.
 
     CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma' -> Capability (the forward kernels)
-    BACKWARD         'mma', 'tiled' -> Capability (the backward kernels: mma_backward.cu, backward.cu)
+    BACKWARD         'wgmma', 'mma', 'tiled' -> Capability (the backward kernels: wgmma_backward.cu,
+                     mma_backward.cu, backward.cu)
     is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
     has_mma(cc)      compute capability >= 8.0: mma.sync m16n8k16 for fp16 and bf16
     mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
+    auto_backward(dtype, D, cc)          what kernel='auto' runs: wgmma on a Hopper (D > 64), else mma, else tiled
+    BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
 
 The launcher's input checks read these tables (``launcher.RUNGS`` is ``CAPABILITIES`` keyed by kernel name),
@@ -19,7 +22,8 @@ from typing import Optional
 from flash_attention_py.capabilities import Capability, torch_cuda_reason
 from flash_attention_py.validation import FLOAT_DTYPES
 
-__all__ = ["CAPABILITIES", "BACKWARD", "KERNEL_OF", "HOPPER", "TENSOR_CORE_HEAD_DIMS", "is_hopper", "has_mma", "mma_backward_applies", "cc_text",
+__all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "HOPPER", "TENSOR_CORE_HEAD_DIMS", "is_hopper",
+           "has_mma", "mma_backward_applies", "auto_backward", "WGMMA_BACKWARD_FASTER_ABOVE", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
 HOPPER = (9, 0)  # wgmma.cu uses sm_90a instructions: compute capability 9.0 exactly
@@ -48,6 +52,15 @@ def has_mma(cc) -> bool:
 def mma_backward_applies(dtype: str, D: int, cc) -> bool:
     """The tensor-core backward (mma_backward.cu) takes this dtype and head dim on compute capability ``cc``."""
     return BACKWARD["mma"].supports(dtype, D) and has_mma(cc)
+
+
+def auto_backward(dtype: str, D: int, cc) -> str:
+    """The backward kernel='auto' runs: 'wgmma' (wgmma_backward.cu) on a Hopper for a D it is faster at
+    (``WGMMA_BACKWARD_FASTER_ABOVE``), else 'mma' where the tensor-core kernels take dtype and D, else 'tiled'
+    (the fp32 kernels)."""
+    if BACKWARD["wgmma"].supports(dtype, D) and is_hopper(cc) and D > WGMMA_BACKWARD_FASTER_ABOVE:
+        return "wgmma"
+    return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"
 
 
 def cc_text(cc) -> str:
@@ -124,10 +137,20 @@ CAPABILITIES = {
 }
 KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-mma' -> 'mma', the launcher's kernel=
 
-# The backward of every rung: the tensor-core kernels (mma_backward.cu, compute capability >= 8.0) where they
-# apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64 are converted to fp32 and back).
+# The backward kernels: on a Hopper the wgmma kernels (wgmma_backward.cu), elsewhere the mma.sync kernels
+# (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
+# are converted to fp32 and back).
 BACKWARD = {
+    "wgmma": Capability("cuda-wgmma-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+                        variants=_ALL_VARIANTS, probe=hopper_probe),
     "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=128,
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }
+# kernel='auto' takes the wgmma backward for D above this (run at D = 128), where it is faster than the mma backward
+# on an H100; at D = 64 it is not (B4 H16 fp16, N = 1024..16384: docs/results/cuda/backward_kernels.md, written by
+# tools/cuda_backward_kernels.py).
+WGMMA_BACKWARD_FASTER_ABOVE = 64
+# The backward a forward rung's autograd runs: the mma rung keeps its own (mma_backward.cu), so the ladder's
+# rungs stay apart in a benchmark; the others take kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
+BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto"}

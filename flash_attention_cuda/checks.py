@@ -13,11 +13,11 @@ from flash_attention_py.validation import (check_dropout, check_flag, check_qkv,
                                            resolve_softmax_scale, resolve_window)
 
 from . import runtime
-from .capabilities import BACKWARD, CAPABILITIES, KERNEL_OF, cc_text, is_hopper, mma_backward_applies
+from .capabilities import (BACKWARD, CAPABILITIES, KERNEL_OF, auto_backward, cc_text, has_mma, is_hopper)
 
 RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma'
 KERNELS = tuple(RUNGS)
-BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'mma', 'tiled')
+BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'mma', 'tiled')
 MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 # the fields of a forward tile config, per kernel that takes one (launch_specs.MMA_CONFIGS, WGMMA_CONFIGS)
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups")}
@@ -103,8 +103,8 @@ def check_forward(q, k, v, *, causal, softmax_scale, kernel, return_lse, fn: str
 
 def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: str, window_size=FULL, dropout_p=0.0,
                     dropout_seed=None):
-    """Every check of a backward call -> (q, k, v, o, do without lazy views, softmax_scale, 'mma' or 'tiled',
-    window, dropout)."""
+    """Every check of a backward call -> (q, k, v, o, do without lazy views, softmax_scale, the backward kernel
+    ('wgmma', 'mma' or 'tiled'; 'auto' resolved by capabilities.auto_backward), window, dropout)."""
     window = resolve_window(causal, window_size, fn=fn)
     dropout = check_dropout(dropout_p, dropout_seed, fn=fn)
     dims = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"), gqa=True)
@@ -121,13 +121,17 @@ def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: st
         raise ValueError(f"{fn}: the backward kernels take {BACKWARD['tiled'].head_dim_text()}, got D = {dims.D}")
     check_grid_and_device(q, dims, fn)
     scale = resolve_softmax_scale(softmax_scale, dims.D, fn=fn)
-    mma_ok = mma_backward_applies(dtype_name(q), dims.D, runtime.device_cc(q))
-    if kernel == "mma" and not mma_ok:
-        mma = BACKWARD["mma"]
-        raise ValueError(f"{fn}: kernel 'mma' takes {'/'.join(mma.dtypes['cuda'])} with {mma.head_dim_text()} on "
-                         f"compute capability >= 8.0; got {dtype_name(q)}, D = {dims.D}, compute capability "
-                         f"{cc_text(runtime.device_cc(q))}. Use kernel='tiled'")
-    kernel = "mma" if kernel != "tiled" and mma_ok else "tiled"
+    cc, dtype = runtime.device_cc(q), dtype_name(q)
+    if kernel in ("wgmma", "mma"):
+        cap = BACKWARD[kernel]
+        able = is_hopper(cc) if cap.hopper_only else has_mma(cc)
+        if not (cap.supports(dtype, dims.D) and able):
+            need = "9.0 (Hopper: H100/H200, sm_90a)" if cap.hopper_only else ">= 8.0"
+            raise ValueError(f"{fn}: kernel {kernel!r} takes {'/'.join(cap.dtypes['cuda'])} with "
+                             f"{cap.head_dim_text()} on compute capability {need}; got {dtype}, D = {dims.D}, "
+                             f"compute capability {cc_text(cc)}. Use kernel='auto'")
+    elif kernel == "auto":
+        kernel = auto_backward(dtype, dims.D, cc)
     _check_variants(BACKWARD[kernel], kernel, used, BACKWARD, fn)
     return q, k, v, o, do, scale, kernel, window, dropout
 

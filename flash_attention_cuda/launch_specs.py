@@ -9,18 +9,20 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
     forward   naive_fwd, tiled_fwd, mma_fwd, wgmma_fwd   (and seed_nomax_fwd, the seed lab's arithmetic)
     backward  bwd_preprocess, bwd_dkdv, bwd_dq                   (backward.cu, fp32)
               mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
+              wgmma_bwd_dkdv, wgmma_bwd_dq                       (wgmma_backward.cu, Hopper; Delta from
+                                                                 mma_bwd_preprocess)
 
 Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
 and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
 ``flash_attention_py/masks.py``): nothing else turns them into kernel arguments. The tensor-core kernels
-(mma, wgmma, mma_backward) then take the other variants (``variant_args``): ``group`` = Hq // Hk query heads
+(mma, wgmma and their backwards) then take the other variants (``variant_args``): ``group`` = Hq // Hk query heads
 per K/V head (grouped-query attention; 1 without) and dropout as ``(dropout_p, seed_lo, seed_hi)``; a
 dropout launch names the template instantiation with ``DROPOUT = true`` (``..., true>``), the others the
 default (no dropout code compiled in).
 
 ``run_forward`` and ``run_backward`` launch them on inputs the launcher has checked already (the custom ops
 of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CONFIGS`` (per head dim) and
-``MMA_BACKWARD_CONFIG``. A sweep passes its own instead, leaving the tables as they are:
+``MMA_BACKWARD_CONFIG``, ``WGMMA_BACKWARD_CONFIGS`` (per head dim). A sweep passes its own instead, leaving the tables as they are:
 ``launcher.forward_with_config`` (checked, like ``flash_attn_cuda``) or ``run_backward(..., config=...)``.
 """
 from __future__ import annotations
@@ -36,13 +38,14 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import TENSOR_CORE_HEAD_DIMS, mma_backward_applies
+from .capabilities import TENSOR_CORE_HEAD_DIMS, auto_backward
 
-__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG",
+__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG", "WGMMA_BACKWARD_CONFIGS",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
-           "mma_bwd_dq", "run_forward", "run_backward", "run_seed_nomax"]
+           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "padded_head_dim", "run_forward", "run_backward",
+           "run_seed_nomax"]
 
 # mma: (Bc keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
 # A block holds Br = 16 * tiles * warps query rows.
@@ -54,6 +57,9 @@ WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
 # mma backward: (warps per block, rows of the tile each kernel loops over): 64 x 64 tiles.
 # Chosen by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`).
 MMA_BACKWARD_CONFIG = (4, 64)
+# wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
+# keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
+WGMMA_BACKWARD_CONFIGS = {64: (2, 64), 128: (2, 64)}
 
 
 class Problem(NamedTuple):
@@ -300,6 +306,32 @@ def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nq, Br), p.B * p.H), (32 * nw,), smem, _BWD_IN + ("dQ",), _tc_args(p))
 
 
+@_cached
+def wgmma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """wgmma_backward.cu: (warpgroups, tile) = config or WGMMA_BACKWARD_CONFIGS[D]; 64 * warpgroups keys per
+    block, one block row per K/V head (B * Hk: each block sums dK, dV over its group's query heads)."""
+    nwg, tile = config or WGMMA_BACKWARD_CONFIGS[p.D]
+    Bc = 64 * nwg
+    # wgmma_backward.cu, wgmma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; sL and sDl
+    # 2 x tile floats each; plus up to 1024 bytes that align the tiles to 1024 bytes (the 128-byte swizzle)
+    smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4 + 1024
+    flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_dkdv<{p.D}, {nwg}, {tile}, {_bf16(p)}{flags}>",
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (128 * nwg,), smem, _BWD_IN + ("dK", "dV"), _tc_args(p))
+
+
+@_cached
+def wgmma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """wgmma_backward.cu: (warpgroups, tile) = config or WGMMA_BACKWARD_CONFIGS[D]; 64 * warpgroups queries
+    per block."""
+    nwg, tile = config or WGMMA_BACKWARD_CONFIGS[p.D]
+    Br = 64 * nwg
+    # wgmma_backward.cu, wgmma_bwd_dq's carve-up: sQ, sdO (Br, D); sK, sV 2 x (tile, D), 16-bit; + alignment
+    smem = (2 * Br + 4 * tile) * p.D * 2 + 1024
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_dq<{p.D}, {nwg}, {tile}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nq, Br), p.B * p.H), (128 * nwg,), smem, _BWD_IN + ("dQ",), _tc_args(p))
+
+
 # ------------------------------------------------------------------------------------ launching (checked inputs)
 def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
     B, H, Nq, D = q.shape
@@ -315,13 +347,13 @@ def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
 def _check_variants(kernel: str, p: Problem, fn: str) -> None:
     """The fp32 kernels (naive, tiled, backward.cu) take the causal mask only: the other variants are refused
     here too, so no launch can ignore them (the public functions refuse them first, with the same table)."""
-    if kernel in ("mma", "wgmma"):
+    if kernel in ("mma", "wgmma"):  # forward and backward rungs alike
         return
     used = [name for name, on in (("window_size", tuple(p.window) not in ((-1, -1), (-1, 0))),
                                   ("grouped-query K/V heads", p.kv_heads != p.H), ("dropout_p", p.dropout)) if on]
     if used:
         raise ValueError(f"{fn}: kernel {kernel!r} does not take {', '.join(used)}; the variants need the "
-                         f"tensor-core kernels (mma, wgmma; backward: mma)")
+                         f"tensor-core kernels (mma, wgmma; backward: wgmma, mma)")
 
 
 def padded_head_dim(D: int) -> int:
@@ -366,25 +398,26 @@ def run_seed_nomax(q, k, v, scale: float):
 
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
-    """dQ, dK, dV in q's dtype from checked inputs; kernel 'mma' (fp16/bf16, D <= 128: D other than 64 and 128
-    zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels:
-    other dtypes are converted to float32 and the gradients back) or 'auto' (mma where it applies).
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma' (Hopper) or 'mma' (fp16/bf16, D <= 128: D other
+    than 64 and 128 zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels: other dtypes are
+    converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward).
 
-    q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (mma only): dK, dV (B, Hk, Nk, D) are summed
-    over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (mma only)."""
+    q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (wgmma, mma): dK, dV (B, Hk, Nk, D) are summed
+    over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma)."""
     if kernel == "auto":
-        kernel = "mma" if mma_backward_applies(dtype_name(q), q.shape[-1], runtime.device_cc(q)) else "tiled"
+        kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
     D = q.shape[-1]
-    if kernel == "mma" and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged
+    tensor_cores = kernel in ("wgmma", "mma")
+    if tensor_cores and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged
         Dp = padded_head_dim(D)
         q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))
         grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
     out_dtype = dtype_name(q)
-    if kernel == "mma":
+    if tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
-        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, lambda p: mma_bwd_dkdv(p, config),
-                                      lambda p: mma_bwd_dq(p, config))
+        dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
+        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, lambda p: dkdv(p, config), lambda p: dq(p, config))
     else:
         q, k, v, o, do, lse = (runtime.convert(x, "float32") for x in (q, k, v, o, do, lse))
         as_arg, specs = runtime.as_cupy, (bwd_preprocess, bwd_dkdv, bwd_dq)
@@ -400,4 +433,3 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     if out_dtype != p.dtype:
         dq, dk, dv = (runtime.convert(g, out_dtype) for g in (dq, dk, dv))
     return dq, dk, dv
-

@@ -25,11 +25,11 @@ from flash_attention_py.validation import array_kind, check_qkv, resolve_lazy, r
 from . import launch_specs
 from .checks import (BACKWARD_KERNELS, KERNELS, MAX_GRID_Y, RUNGS, check_backward, check_config,  # noqa: F401
                      check_forward, check_grid_and_device, supported_text)
-from .launch_specs import MMA_CONFIGS, WGMMA_CONFIGS  # noqa: F401  (re-exported)
+from .launch_specs import MMA_CONFIGS, WGMMA_BACKWARD_CONFIGS, WGMMA_CONFIGS  # noqa: F401  (re-exported)
 from .runtime import HEADERS, HOPPER_SOURCES, KERNEL_DIR, SOURCES, read_source  # noqa: F401  (re-exported)
 
 __all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "forward_with_config", "seed_nomax_forward", "KERNELS",
-           "RUNGS", "SOURCES", "supported_text", "MMA_CONFIGS", "WGMMA_CONFIGS"]
+           "RUNGS", "SOURCES", "supported_text", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_BACKWARD_CONFIGS"]
 
 FN = "flash_attn_cuda"
 
@@ -134,14 +134,16 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     (the forward's). The gradients come back in q's dtype, shaped like q, k, v: with grouped-query K/V heads
     (Hq % Hk == 0) dK and dV of a K/V head sum over its group of query heads. causal, window_size, dropout_p
     and dropout_seed: those of the forward call; the dropout mask is drawn again from the seed. The variants
-    beyond causal need kernel 'mma' (or 'auto' where mma applies):
+    beyond causal need a tensor-core kernel ('wgmma', 'mma', or 'auto' where one applies):
         {MASK_DIAGRAM}
 
         {VARIANTS}
 
-    kernel: 'mma' (fp16/bf16, D <= 128 (padded to 64 or 128), compute capability >= 8.0: tensor cores, fp32 accumulation,
-    kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32
-    kernels of kernels/backward.cu run) | 'auto' (mma where it applies, else tiled).
+    kernel: 'wgmma' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: warpgroup tensor cores,
+    kernels/wgmma_backward.cu) | 'mma' (fp16/bf16, D <= 128 (padded likewise), compute capability >= 8.0: mma.sync
+    tensor cores, fp32 accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are
+    upcast and the fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma on a Hopper, else mma where it
+    applies, else tiled).
     """
     q, k, v, o, do, scale, kernel, window, dropout = check_backward(
         q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, kernel=kernel, fn="flash_attn_cuda_backward",

@@ -3,7 +3,7 @@
     torch.ops.fa_ladder.cuda_fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1,
                                  dropout_p=0.0, seed_lo=0, seed_hi=0) -> (o, lse)
     torch.ops.fa_ladder.cuda_bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1,
-                                 dropout_p=0.0, seed_lo=0, seed_hi=0) -> (dq, dk, dv)
+                                 dropout_p=0.0, seed_lo=0, seed_hi=0, kernel='auto') -> (dq, dk, dv)
 
 Shapes: q (B, Hq, Nq, D), k and v (B, Hk, Nk, D) torch CUDA tensors (Hq % Hk == 0); o (B, Hq, Nq, D) in q's
 dtype, contiguous; lse (B, Hq, Nq) float32 (natural log); dq, dk, dv contiguous, shaped like q, k, v, in q's
@@ -11,8 +11,9 @@ dtype. ``kernel`` is a rung name already resolved by :func:`flash_attention_cuda
 'tiled', 'mma' or 'wgmma'). The mask is ``masks.window_for(causal, (window_left, window_right))`` (causal
 bounds the right side at 0, as in the public functions); dropout is (dropout_p, the seed's low and high 32-bit
 halves), as the forward call drew it: the backward op draws the same mask again. ``cuda_bwd`` runs the
-recompute kernels (tensor cores for fp16/bf16 with D 64/128, else the fp32 kernels, which take no variant
-beyond causal).
+recompute kernels of its ``kernel`` (the forward rung's backward, ``capabilities.BACKWARD_OF``: 'mma' for the mma
+rung, else 'auto': wgmma on a Hopper, mma.sync elsewhere for fp16/bf16, the fp32 kernels for float32, which
+take no variant beyond causal).
 
 The fake implementations, the autograd registration and the double-backward error are the shared ones of
 :mod:`flash_attention_py.custom_ops`, whose ``variants=`` arguments the forward's autograd hands to the
@@ -24,6 +25,7 @@ from __future__ import annotations
 from flash_attention_py.custom_ops import NAMESPACE, attention_ops, call_forward
 from flash_attention_py.masks import window_for
 
+from .capabilities import BACKWARD_OF
 from .launch_specs import run_backward, run_forward
 
 __all__ = ["cuda_fwd", "cuda_bwd", "forward_op", "NAMESPACE"]
@@ -41,13 +43,16 @@ def _fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1, dropou
     return run_forward(q, k, v, window, scale, kernel, dropout=_seed(dropout_p, seed_lo, seed_hi))
 
 
-def _bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, dropout_p=0.0, seed_lo=0, seed_hi=0):
+def _bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, dropout_p=0.0, seed_lo=0, seed_hi=0,
+         kernel="auto"):
     window = window_for(causal, (window_left, window_right))  # causal bounds the right side at 0
-    return run_backward(q, k, v, o, lse, do, window, scale, dropout=_seed(dropout_p, seed_lo, seed_hi))
+    return run_backward(q, k, v, o, lse, do, window, scale, kernel, dropout=_seed(dropout_p, seed_lo, seed_hi))
 
 
 cuda_fwd, cuda_bwd = attention_ops("cuda", public="flash_attn_cuda", forward=_fwd, backward=_bwd,
-                                   extra="str kernel", variants=_VARIANTS)
+                                   extra="str kernel", variants=_VARIANTS,
+                                   backward_extra="str kernel='auto'",
+                                   backward_extra_of=lambda kernel: (BACKWARD_OF[kernel],))
 
 
 def forward_op(q, k, v, causal: bool, scale: float, kernel: str, window: tuple, dropout: tuple, *, fn: str):

@@ -3,7 +3,7 @@
 * Sources: ``kernels/*.cu`` plus the project headers ``kernels/*.cuh``, inlined here (``read_source``) so the
   compiled-module cache keys on the full text. They include no host header: NVRTC compiles them at run
   time, ``nvcc -cubin`` in the tests.
-* wgmma.cu uses Hopper-only instructions, so it is compiled for ``sm_90a`` by NVRTC directly (CuPy's
+* wgmma.cu and wgmma_backward.cu use Hopper-only instructions, so they are compiled for ``sm_90a`` by NVRTC directly (CuPy's
   RawModule always names the plain ``sm_XX`` target) and loaded from the cubin (``_load_sm90a``).
 * Templates: each launch names one instantiation (``"mma_fwd<128, 64, 4, 2, false>"``) through
   ``cupy.RawModule(name_expressions=...)``; the compiled kernel is cached per (source, name, device).
@@ -31,9 +31,9 @@ __all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", 
            "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu", "mma_backward.cu")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu", "mma_backward.cu", "wgmma_backward.cu")
 HEADERS = tuple(sorted(os.path.basename(p) for p in glob.glob(os.path.join(KERNEL_DIR, "*.cuh"))))
-HOPPER_SOURCES = ("wgmma.cu",)  # sm_90a only
+HOPPER_SOURCES = ("wgmma.cu", "wgmma_backward.cu")  # sm_90a only
 
 # ------------------------------------------------------------------------------------ compilation
 _LOCK = threading.Lock()
@@ -61,12 +61,12 @@ def read_source(source: str) -> str:
     return expand(source)
 
 
-def _load_sm90a(code: str, name: str):
-    """Compile ``code`` for sm_90a with NVRTC, load the cubin, return the kernel ``name`` (a RawKernel)."""
+def _load_sm90a(code: str, name: str, source: str):
+    """Compile ``code`` (the text of ``source``) for sm_90a with NVRTC, load the cubin, return the kernel ``name`` (a RawKernel)."""
     import cupy
     from cupy_backends.cuda.libs import nvrtc
 
-    prog = nvrtc.createProgram(code, "wgmma.cu", (), ())
+    prog = nvrtc.createProgram(code, source, (), ())
     try:
         nvrtc.addNameExpression(prog, name)
         try:
@@ -78,7 +78,7 @@ def _load_sm90a(code: str, name: str):
     finally:
         nvrtc.destroyProgram(prog)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "wgmma.cubin")
+        path = os.path.join(tmp, source.replace(".cu", ".cubin"))
         with open(path, "wb") as f:
             f.write(cubin)
         module = cupy.RawModule(path=path)  # loads the cubin now
@@ -97,7 +97,7 @@ def get_kernel(source: str, name: str, device_id: int):
             if kern is None:
                 with cupy.cuda.Device(device_id):
                     if source in HOPPER_SOURCES:
-                        kern = _load_sm90a(read_source(source), name)
+                        kern = _load_sm90a(read_source(source), name, source)
                     else:
                         module = cupy.RawModule(code=read_source(source), options=("--std=c++17",),
                                                 name_expressions=[name])

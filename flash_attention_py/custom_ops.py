@@ -5,7 +5,8 @@
 registers two ops in the ``fa_ladder`` namespace:
 
     torch.ops.fa_ladder.<name>_fwd(q, k, v, causal, scale[, extra...][, variants...]) -> (o, lse)
-    torch.ops.fa_ladder.<name>_bwd(q, k, v, o, lse, do, causal, scale[, variants...]) -> (dq, dk, dv)
+    torch.ops.fa_ladder.<name>_bwd(q, k, v, o, lse, do, causal, scale[, variants...][, backward_extra...])
+        -> (dq, dk, dv)
 
 Shapes: q (B, H, Nq, D), k and v (B, H, Nk, D); o (B, H, Nq, D) in q's dtype, contiguous; lse (B, H, Nq)
 float32 (natural log); dq, dk, dv contiguous, shaped like q, k, v, in q's dtype.
@@ -46,24 +47,28 @@ def on_device(x):
 
 
 def attention_ops(name: str, *, public: str, forward: Callable, backward: Callable, extra: str = "",
-                  variants: str = ""):
+                  variants: str = "", backward_extra: str = "", backward_extra_of: Callable = None):
     """Register ``fa_ladder::{name}_fwd`` and ``fa_ladder::{name}_bwd``; return the two ops.
 
     forward(q, k, v, causal, scale, *extra_args, *variant_args) -> (o, lse) and backward(q, k, v, o, lse, do,
     causal, scale, *variant_args) -> (dq, dk, dv) run the kernels (do already in q's dtype). extra: schema text
     of the forward's own arguments after scale, e.g. "str kernel". variants: schema text of the arguments both
     ops take last, with defaults (e.g. "int window_left=-1, int window_right=-1"): the forward's autograd hands
-    the forward's values to the backward. public: the public function, named in the double-backward error.
+    the forward's values to the backward. backward_extra: schema text of the backward op's own arguments after
+    the variants, with defaults (e.g. "str kernel='auto'"); backward_extra_of(*forward_extra_args) gives their
+    values from the forward's own (e.g. the backward kernel of a forward rung). public: the public function,
+    named in the double-backward error.
     """
     import torch
 
     extra_args = [a for a in extra.split(",") if a.strip()]
     variant_args = [a for a in variants.split(",") if a.strip()]
+    bwd_own_args = [a for a in backward_extra.split(",") if a.strip()]
     n_fixed = 5 + len(extra_args)  # q, k, v, causal, scale, extra...
     fwd_schema = ", ".join(["Tensor q", "Tensor k", "Tensor v", "bool causal", "float scale"] + extra_args
                            + variant_args)
     bwd_schema = ", ".join(["Tensor q", "Tensor k", "Tensor v", "Tensor o", "Tensor lse", "Tensor do", "bool causal",
-                            "float scale"] + variant_args)
+                            "float scale"] + variant_args + bwd_own_args)
 
     def fwd_impl(q, k, v, causal, scale, *rest):
         return forward(q, k, v, causal, scale, *rest)
@@ -93,13 +98,14 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.variant_args = tuple(inputs[n_fixed:])
+        ctx.bwd_own_args = tuple(backward_extra_of(*inputs[5:n_fixed])) if backward_extra_of else ()
         ctx.mark_non_differentiable(lse)
 
     def fwd_backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         if do is None:  # o was not used by the loss
             do = torch.zeros_like(o)
-        dq, dk, dv = bwd(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args)
+        dq, dk, dv = bwd(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args, *ctx.bwd_own_args)
         return (dq, dk, dv, None, None) + (None,) * (len(extra_args) + len(variant_args))
 
     def bwd_backward(ctx, *grads):
@@ -124,7 +130,7 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
             if torch.is_grad_enabled():  # create_graph=True: the backward op, whose own backward raises
                 return fwd_backward(ctx, do, dlse)
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = bwd_impl(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args)
+            dq, dk, dv = bwd_impl(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args, *ctx.bwd_own_args)
             return (dq, dk, dv, None, None) + (None,) * (len(extra_args) + len(variant_args))
 
     fwd.eager = Eager.apply

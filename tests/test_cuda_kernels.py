@@ -23,7 +23,8 @@ from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
-from flash_attention_cuda.capabilities import CAPABILITIES, cuda_unavailable_reason, hopper_probe, is_hopper
+from flash_attention_cuda.capabilities import (CAPABILITIES, WGMMA_BACKWARD_FASTER_ABOVE, cuda_unavailable_reason,
+                                             hopper_probe, is_hopper)
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -133,7 +134,8 @@ def _all_specs():
                       launch_specs.Problem(2, 6, 77, 130, D, dtype, 0.125, (5, 2), 3, 0.25, 2**40 + 7)):
                 out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
-                        (launch_specs.mma_bwd_dq(p), p)]
+                        (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
+                        (launch_specs.wgmma_bwd_dq(p), p)]
     return out
 
 
@@ -161,7 +163,7 @@ def test_launch_specs_match_the_kernel_signatures():
             assert (int(values["seed_lo"]), int(values["seed_hi"])) == (seed % 2**32, seed >> 32)
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
             n_args = len(spec.name.split("<")[1].split(","))
-            gqa = kernel == "mma_bwd_dkdv" and p.H != (p.Hk or p.H)
+            gqa = kernel.endswith("mma_bwd_dkdv") and p.H != (p.Hk or p.H)
             assert n_args == {"mma_fwd": 5, "wgmma_fwd": 4}.get(kernel, 4) + (2 if gqa else p.dropout_p > 0), spec.name
 
 
@@ -183,6 +185,12 @@ def test_launch_specs_grid_block_smem():
     kv, dq = launch_specs.mma_bwd_dkdv(h._replace(D=64)), launch_specs.mma_bwd_dq(h._replace(D=64))
     assert (kv.grid, kv.block, kv.smem) == ((3, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2 + 4 * 64 * 4)
     assert (dq.grid, dq.block, dq.smem) == ((5, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2)
+    # wgmma backward (2 warpgroups, tiles of 64): 128 keys (dK/dV) or queries (dQ) per block of 256 threads
+    kv, dq = launch_specs.wgmma_bwd_dkdv(h), launch_specs.wgmma_bwd_dq(h)
+    assert (kv.name, kv.grid, kv.block, kv.smem) == ("wgmma_bwd_dkdv<128, 2, 64, false>", (2, 6), (256,),
+                                                     (2 * 128 + 4 * 64) * 128 * 2 + 4 * 64 * 4 + 1024)
+    assert (dq.name, dq.grid, dq.block, dq.smem) == ("wgmma_bwd_dq<128, 2, 64, false>", (3, 6), (256,),
+                                                     (2 * 128 + 4 * 64) * 128 * 2 + 1024)
     pre = launch_specs.bwd_preprocess(p)
     assert (pre.grid, pre.block, dict(pre.scalars)["rows"]) == ((450,), (128,), 2 * 3 * 300)
     assert (launch_specs.bwd_dkdv(p).grid, launch_specs.bwd_dq(p).grid) == ((5, 6), (10, 6))
@@ -216,13 +224,20 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         (call,) = recorded_launches
         _check_call(call, dict(q=q, k=k, v=v, o=o, lse=lse))
         recorded_launches.clear()
-        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "auto")
-        assert [c[0].name.split("<")[0] for c in recorded_launches] == (
-            ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"] if dtype != "float32" else
-            ["bwd_preprocess", "bwd_dkdv", "bwd_dq"])
-        assert [(g.shape, g.dtype) for g in grads] == [(x.shape, q.dtype) for x in (q, k, v)]
-        for c in recorded_launches:
-            _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
+        # 'auto' on the recording runtime's Hopper: the wgmma backward for fp16/bf16 at D > 64 (mma at D <= 64),
+        # the fp32 kernels for float32
+        auto = ("bwd" if dtype == "float32" else "wgmma_bwd" if D > WGMMA_BACKWARD_FASTER_ABOVE else "mma_bwd")
+        for bwd_kernel, names in (("auto", ["mma_bwd_preprocess" if dtype != "float32" else "bwd_preprocess",
+                                            f"{auto}_dkdv", f"{auto}_dq"]),
+                                  ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"])):
+            if bwd_kernel == "mma" and dtype == "float32":
+                continue
+            recorded_launches.clear()
+            grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, bwd_kernel)
+            assert [c[0].name.split("<")[0] for c in recorded_launches] == names
+            assert [(g.shape, g.dtype) for g in grads] == [(x.shape, q.dtype) for x in (q, k, v)]
+            for c in recorded_launches:
+                _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
 
 
@@ -261,8 +276,8 @@ def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
         assert seen[-1][1] == launch_specs.padded_head_dim(D)  # the kernel saw the padded head dim
         ref_o, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=0.3, return_lse=True)
         assert (o.double() - ref_o).abs().max() < 2e-3 and (lse.double() - ref_lse).abs().max() < 1e-5
-        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "mma")
-        assert seen[-1][1] == launch_specs.padded_head_dim(D)
+        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, kernel)  # mma / wgmma backward
+        assert seen[-1][1] == launch_specs.padded_head_dim(D) and seen[-1][0].startswith(f"{kernel}_bwd_dq")
         for g, r, t in zip(grads, attention_reference_grads(q, k, v, do, causal=True, softmax_scale=0.3), (q, k, v)):
             assert g.shape == t.shape and g.is_contiguous()
             assert (g.double() - r).abs().max() < 2e-2 * max(1.0, r.abs().max().item())
@@ -431,20 +446,23 @@ def test_wgmma_refused_off_hopper(monkeypatch):
     assert calls == ["mma"]
 
 
-# ------------------------------------------------------------------ the tensor-core backward (mma_backward.cu)
+# ------------------------------------------------------------------ the tensor-core backwards (mma_backward.cu,
+# wgmma_backward.cu)
 @gpu
+@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", [64, 128])
-def test_mma_backward_matches_reference(dtype, D):
-    """kernel='mma' against the float64 gradients and against the fp32 tiled kernels, odd sizes, Nq != Nk
-    both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale."""
+@pytest.mark.parametrize("D", [64, 128, 40])
+def test_tensor_core_backward_matches_reference(kernel, dtype, D):
+    """kernel='mma' and 'wgmma' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
+    Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
+    runs the D = 64 kernels on zero-padded copies."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
     for (Nq, Nk), scale in (((100, 100), None), ((37, 300), None), ((300, 37), -0.2), ((1, 517), None),
                             ((450, 450), 0.5)):
         q, k, v, do = _inputs(2, 2, Nq, Nk, D, dtype)
         for causal in (False, True):
             o, lse = flash_attn_cuda(q, k, v, causal=causal, softmax_scale=scale, kernel="mma", return_lse=True)
-            grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale, kernel="mma")
+            grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale, kernel=kernel)
             ref = attention_reference_grads(q, k, v, do, causal=causal, softmax_scale=scale)
             tiled = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, softmax_scale=scale, kernel="tiled")
             for name, g, r, t in zip(("dq", "dk", "dv"), grads, ref, tiled):
@@ -459,12 +477,31 @@ def test_backward_bad_input():
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
     with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 128"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
-    with pytest.raises(ValueError, match="kernel must be one of auto, mma, tiled"):
-        flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="wgmma")
+    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, mma, tiled"):
+        flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="fast")
+    with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 128 on compute "
+                                         r"capability 9\.0"):
+        flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="wgmma")
     with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\)"):
         flash_attn_cuda_backward(q, k, v, o, lse[:, :, :8], do)
     with pytest.raises(TypeError, match="do must have dtype float16"):
         flash_attn_cuda_backward(q, k, v, o, lse, do.float())
+
+
+@gpu
+def test_wgmma_backward_refused_off_hopper(monkeypatch):
+    """Off a Hopper kernel='wgmma' is a clear error, and 'auto' falls back to the mma.sync backward."""
+    monkeypatch.setattr(runtime, "device_cc", lambda x: (8, 0))
+    q, k, v, do = _inputs(1, 2, 16, 16, 64, "float16")
+    o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
+    with pytest.raises(ValueError, match=r"kernel 'wgmma' takes .* compute capability 9\.0 .*got float16, D = 64, "
+                                         r"compute capability 8\.0"):
+        flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="wgmma")
+    calls = []
+    real = launch_specs.run_backward
+    monkeypatch.setattr(launch_specs, "run_backward", lambda *a, **kw: calls.append(a[8]) or real(*a, **kw))
+    flash_attn_cuda_backward(q, k, v, o, lse, do)
+    assert calls == ["mma"]
 
 
 @gpu

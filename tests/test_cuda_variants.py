@@ -82,7 +82,7 @@ def test_fp32_rungs_refuse_the_variants(kernel, kwargs, what):
                                          r" the variants need kernel 'mma' or 'wgmma'"):
         flash_attn_cuda(q, k, v, kernel=kernel, **kwargs)
     with pytest.raises(ValueError, match=rf"flash_attn_cuda_backward: kernel 'tiled' does not take {what}.*"
-                                         r"need kernel 'mma'"):
+                                         r"need kernel 'wgmma' or 'mma'"):
         flash_attn_cuda_backward(q, k, v, torch.zeros_like(q), torch.randn(q.shape[:3]), do, kernel="tiled",
                                  **kwargs)
     with pytest.raises(ValueError, match=f"run_forward: kernel '{rung}' does not take"):  # the launch layer too
@@ -131,10 +131,11 @@ def test_variant_launches_without_a_gpu(recorded, kernel):
     tail = (np.int32(5), np.int32(2), np.int32(3), np.float32(0.25), np.uint32(5), np.uint32(2))
     assert args[-6:] == tail and [type(a) for a in args[-6:]] == [type(t) for t in tail]
     recorded.clear()
-    dq, dk, dv = launch_specs.run_backward(q, k, v, o, lse, do, (5, 2), 0.3, "mma", dropout=(0.25, seed))
+    dq, dk, dv = launch_specs.run_backward(q, k, v, o, lse, do, (5, 2), 0.3, kernel, dropout=(0.25, seed))
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     (_, _, pre), (kv_name, kv_grid, kv_args), (dq_name, dq_grid, dq_args) = recorded
-    assert kv_name.startswith("mma_bwd_dkdv<") and kv_grid[1] == B * Hk and dq_grid[1] == B * Hq
+    assert kv_name.startswith(f"{kernel}_bwd_dkdv<") and kv_name.endswith(", true, true>")
+    assert kv_grid[1] == B * Hk and dq_grid[1] == B * Hq
     assert kv_args[1:3] == dq_args[1:3] == (k.data_ptr(), v.data_ptr())
     assert kv_args[-6:] == dq_args[-6:] == tail
     recorded.clear()
@@ -195,13 +196,14 @@ def test_forward_variants(kernel, dtype, D, case):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_backward_variants(dtype, D, case):
-    """The mma backward from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
+@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+def test_backward_variants(kernel, dtype, D, case):
+    """The mma and wgmma backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
     kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))
     o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, **kw)
-    grads = flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="mma", **kw)
+    grads = flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=kernel, **kw)
     ref = attention_reference_grads(q, k, v, do, **kw)
     qn, kn, vn = (x.clone().requires_grad_(True) for x in (q, k, v))
     attention_naive(qn, kn, vn, **kw).backward(do)

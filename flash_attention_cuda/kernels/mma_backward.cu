@@ -34,46 +34,18 @@
 #include "masks.cuh"
 #include "ptx.cuh"
 #include "smem_tiles.cuh"
+#include "backward_common.cuh"
 
 namespace mma_bwd_detail {
 
 using namespace frag;  // zero, mma_abt, mma_ab, pack_a, store_rows, acc_row, acc_col, stream_loop (fragments.cuh)
-
-// lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0;
-// a row with a +inf score (lse = +inf) gets NaN, so its P is NaN, as in the reference
-__device__ __forceinline__ float lse2_of(float lse) {
-    return lse == FA_NEG_INF ? FA_POS_INF : fa::lse2_backward(lse);
-}
-
-// lse in log2 units and Delta of query `row`; rows >= Nq get (+inf, 0), so their P and dS are 0
-__device__ __forceinline__ void query_row(float& lse2, float& delta_i, const float* lse, const float* delta, int row,
-                                          int Nq) {
-    const bool in = row < Nq;
-    lse2 = in ? lse2_of(lse[row]) : FA_POS_INF;
-    delta_i = in ? delta[row] : 0.0f;
-}
-
-// queries [row0, row0 + ROWS): lse in log2 units and Delta into shared memory
-template <int ROWS>
-__device__ __forceinline__ void load_rows(float* sL, float* sDl, const float* lse, const float* delta, int row0,
-                                          int Nq) {
-    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) query_row(sL[r], sDl[r], lse, delta, row0 + r, Nq);
-}
+using namespace bwd;   // query_row, load_rows, TileSpan, kv_tiles, q_tiles (backward_common.cuh)
 
 // The warp's 16 x 8NT blocks of P_ij and dS_ij, recomputed (KEY_ROWS: of P_ij^T and dS_ij^T, whose rows are
 // keys and columns queries: the dK/dV kernel):
 //   S  = A B^T, A = rows w_row .. w_row + 15 of tile s_a, B = tile s_b   (S_ij = Q_w K_j^T, or S_ij^T = K_w Q_i^T)
 //   dP = A B^T, A = the same rows of tile dp_a, B = tile dp_b          (dP_ij = dO_w V_j^T, or dP_ij^T = V_w dO_i^T)
-//   P_ij  = exp2(S_ij * scale_log2 - lse2_i)       (= exp(softmax_scale * S_ij - lse_i))
-//   dS_ij = P_ij o (dP_ij - Delta_i)
-// and P_ij = dS_ij = 0 on the pairs the mask hides (0, not 0 * NaN: a hidden pair gets no gradient from a NaN
-// row), checked pair by pair only where the mask does not call the warp's block full, and on the last key tile
-// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf).
-// lse2 / delta: the queries' values, indexed by the fragment column (KEY_ROWS: shared, one per query of the
-// tile) or by h = e / 2 (the thread's two query rows g, g + 8, in registers). row0 / col0: the global index of
-// the block's row 0 / column 0.
-// DROPOUT: P_ij comes back as P_ij o Z_ij / (1 - p) (what dV needs), and dS_ij = P_ij o (dP_ij o Z_ij / (1 - p)
-// - Delta_i), Z_ij drawn from `drop` (whose query head is the tile's).
+// then P_ij and dS_ij from them (bwd::p_and_ds: the arguments after dp_b are its own).
 template <bool KEY_ROWS, bool DROPOUT, int D, int NT, bool BF16>
 __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], unsigned s_a, unsigned s_b,
                                          unsigned dp_a, unsigned dp_b, int w_row, const float* lse2,
@@ -83,37 +55,7 @@ __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT
     zero(dS_ij);
     mma_abt<D, NT, BF16>(P_ij, s_a, w_row, s_b, 0);    // S_ij first
     mma_abt<D, NT, BF16>(dS_ij, dp_a, w_row, dp_b, 0);  // dP_ij first
-    const int q0 = KEY_ROWS ? col0 : row0, q1 = q0 + (KEY_ROWS ? 8 * NT : 16);
-    const int k0 = KEY_ROWS ? row0 : col0, k1 = k0 + (KEY_ROWS ? 16 : 8 * NT);
-    const bool check = mask.needs_mask(q0, q1, k0, k1);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
-            float z = 1.0f;  // Z_ij / (1 - p)
-            if constexpr (DROPOUT) z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);
-            const float dS = P * (DROPOUT ? dS_ij[n][e] * z - delta[slot] : dS_ij[n][e] - delta[slot]);  // dP_ij
-            const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
-            P_ij[n][e] = hidden ? 0.0f : (DROPOUT ? P * z : P);
-            dS_ij[n][e] = hidden ? 0.0f : dS;
-        }
-}
-
-// The tiles to visit: `count` tiles from tile `first` on
-struct TileSpan {
-    int first, count;
-};
-// the K/V tiles of Bc keys that hold every key a query of [q0, q1) sees (masks.cuh)
-__device__ __forceinline__ TileSpan kv_tiles(const fa::Mask& mask, int q0, int q1, int Bc) {
-    const int first = mask.kv_tile_begin(q0, Bc);
-    return TileSpan{first, mask.kv_tile_end(q0, q1, Bc) - first};
-}
-// the Q tiles of Br queries that hold every query seeing a key of [k0, k1)
-__device__ __forceinline__ TileSpan q_tiles(const fa::Mask& mask, int k0, int k1, int Br) {
-    const int begin = mask.q_begin(k0), end = mask.q_end(k1);
-    return end > begin ? TileSpan{begin / Br, (end + Br - 1) / Br - begin / Br} : TileSpan{0, 0};
+    bwd::p_and_ds<KEY_ROWS, DROPOUT>(P_ij, dS_ij, lse2, delta, scale_log2, mask, row0, col0, drop);
 }
 
 // Shared memory of both kernels: (rows, D) 16-bit swizzled tiles, two that stay for the whole loop (STAY rows

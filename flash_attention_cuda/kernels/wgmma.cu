@@ -2,18 +2,10 @@
 //
 // The same FlashAttention-2 forward as mma.cu, but with the instruction Hopper's tensor cores were built
 // for. mma.sync (rung 3) is a warp-wide, synchronous 16x8x16 product whose operands pass through the
-// warp's registers; wgmma is issued by a *warpgroup* (4 warps, 128 threads) and is asynchronous:
-//   wgmma.mma_async.m64nNk16   64xN (+)= 64x16 * 16xN, B (and here Q) read by the tensor cores straight
-//                              from shared memory through a 64-bit "matrix descriptor"; the warpgroup
-//                              goes on issuing other instructions while it runs
-//   wgmma.commit_group / wait_group   batch the products issued so far / wait until at most N batches run
-//   wgmma.fence                       order register writes (rescaled O, new P) before the next products
-//   fence.proxy.async                 make cp.async's writes to shared memory visible to the tensor cores
-//
-// Shared-memory tiles use the 128-byte swizzle the descriptors understand: a (ROWS, D) tile is stored as
-// D/64 column panels of (ROWS, 64); a panel row is 128 bytes, 8 rows make a 1024-byte "swizzle atom", and
-// 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the XOR keeps ldmatrix-like 8-row reads and the
-// cp.async writes free of bank conflicts). Tiles start 1024-byte aligned.
+// warp's registers; wgmma is issued by a *warpgroup* (4 warps, 128 threads), is asynchronous, and reads its
+// shared-memory operands (here Q, K and V) straight from shared memory through matrix descriptors. The
+// instructions, the 128-byte-swizzled tiles they read and the two products (issue_abt: S = Q K^T; issue_ab:
+// O += P V) are in wgmma_ops.cuh, shared with the backward (wgmma_backward.cu).
 //
 // Work split: grid = (ceil(Nq / Br), B * Hq), NWG warpgroups per block, Br = 64 * NWG query rows; warpgroup
 // w owns rows 64w .. 64w + 63 of the block. K/V tiles of Bc keys are double-buffered with cp.async.
@@ -36,133 +28,11 @@
 #include "fragments.cuh"
 #include "masks.cuh"
 #include "ptx.cuh"
+#include "wgmma_ops.cuh"
 
 namespace wgmma_detail {
 
-using namespace ptx;  // smem_u32, cp_async_*, pack2, fast_exp2
-
-// byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a 128-byte-swizzled (ROWS, D) tile
-template <int ROWS>
-__device__ __forceinline__ unsigned sw128(int row, int chunk) {
-    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// async copy of rows [row0, row0 + ROWS) of a (N, D) 16-bit matrix into a swizzled tile; rows >= N -> 0.
-// Consecutive threads take consecutive 16-byte chunks of a row: coalesced global reads.
-template <int ROWS, int D, int NTHREADS>
-__device__ __forceinline__ void load_tile_async(unsigned tile, const unsigned short* __restrict__ x, int row0,
-                                                int N) {
-    constexpr int CHUNKS = D / 8, TOTAL = ROWS * CHUNKS;  // 16-byte chunks per row, per tile
-#pragma unroll
-    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
-        const int e = threadIdx.x + i * NTHREADS, r = e / CHUNKS, c = e % CHUNKS;
-        if (TOTAL % NTHREADS == 0 || e < TOTAL) {
-            const bool in = row0 + r < N;
-            cp_async_16(tile + sw128<ROWS>(r, c), in ? x + (long long)(row0 + r) * D + c * 8 : x, in ? 16 : 0);
-        }
-    }
-}
-
-// wgmma matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address >> 4,
-// 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 62-63 swizzle (1 = 128 B).
-//   K-major operand (Q, K: rows of D contiguous halves): SBO = 1024, the step between 8-row atoms; LBO unused.
-//   MN-major operand (V read as B[k = key][n = d]): SBO = 1024, the step between groups of 8 keys;
-//   LBO = the step between 64-column panels along d.
-__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Registers that an asynchronous wgmma reads or writes must not be touched by the compiler while it runs:
-// an empty volatile asm that "uses and redefines" them pins every access after the wait that precedes it.
-template <int N>
-__device__ __forceinline__ void pin(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
-}
-
-// --- the wgmma instructions used here. d: the accumulator, N/2 fp32 registers per thread, laid out as
-// mma.sync's C fragments stacked over the 4 warps (warp w of the group holds rows 16w .. 16w + 15).
-#define FA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FA_D32 FA_D8(0), FA_D8(8), FA_D8(16), FA_D8(24)
-#define FA_D64 FA_D32, FA_D8(32), FA_D8(40), FA_D8(48), FA_D8(56)
-#define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-// SS: d (+)= A * B, A (64x16, K-major) and B (16xN, K-major) in shared memory. accumulate = 0: d = A * B.
-// DA, DB, ACC: operand numbers.
-#define FA_WGMMA_SS(N, AB, REGS, OPS, DA, DB, ACC)                                                   \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ACC ", 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" AB " " REGS ", %" #DA ", %" #DB       \
-                 ", p, 1, 1, 0, 0;\n}\n"                                                          \
-                 : OPS                                                                                   \
-                 : "l"(da), "l"(db), "r"(accumulate))
-// RS: d += A * B, A (64x16) in registers (4 x 2 halves per thread, mma.sync's A layout), B (16xN) in
-// shared memory, MN-major (imm-trans-b = 1: V is stored key-major, d contiguous).
-#define FA_WGMMA_RS(N, AB, REGS, OPS, A0, A1, A2, A3, DB, ACC)                                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ACC ", 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" AB " " REGS ", {%" #A0 ", %" #A1     \
-                 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, 1;\n}\n"                                    \
-                 : OPS                                                                                   \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1))
-
-template <int N, bool BF16>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db,
-                                         int accumulate) {
-    static_assert(N == 64 || N == 128, "n64 or n128");
-    if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34);
-    if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34);
-    if constexpr (N == 128 && !BF16) FA_WGMMA_SS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66);
-    if constexpr (N == 128 && BF16) FA_WGMMA_SS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66);
-}
-template <int N, bool BF16>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
-    static_assert(N == 64 || N == 128, "n64 or n128");
-    if constexpr (N == 64 && !BF16) FA_WGMMA_RS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
-    if constexpr (N == 64 && BF16) FA_WGMMA_RS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
-    if constexpr (N == 128 && !BF16) FA_WGMMA_RS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66, 67, 68, 69);
-    if constexpr (N == 128 && BF16) FA_WGMMA_RS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66, 67, 68, 69);
-}
-#undef FA_WGMMA_SS
-#undef FA_WGMMA_RS
-
-// S_ij = Qi Kj^T for this warpgroup's 64 rows: D / 16 k-steps of m64n(Bc)k16, both operands in shared memory.
-// k-step kk reads columns 16kk .. 16kk + 15: panel kk / 4, byte 32 * (kk % 4) of its 128-byte rows.
-template <int D, int Br, int Bc, bool BF16>
-__device__ __forceinline__ void issue_qk(float (&s)[Bc / 2], unsigned sQ_wg, unsigned sK) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned long long da = make_desc(sQ_wg + (kk / 4) * Br * 128 + (kk % 4) * 32, 16, 1024);
-        const unsigned long long db = make_desc(sK + (kk / 4) * Bc * 128 + (kk % 4) * 32, 16, 1024);
-        wgmma_ss<Bc, BF16>(s, da, db, kk > 0);
-    }
-    wgmma_commit();
-}
-
-// O += P_ij Vj: Bc / 16 k-steps of m64n(D)k16; k-step kk takes keys 16kk .. 16kk + 15 = two 8-key atoms.
-template <int D, int Bc, bool BF16>
-__device__ __forceinline__ void issue_pv(float (&acc)[D / 2], const unsigned (&pf)[Bc / 16][4], unsigned sV) {
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs<D, BF16>(acc, pf[kk], make_desc(sV + kk * 2048, Bc * 128, 1024));
-    wgmma_commit();
-}
+using namespace wgmma_ops;  // load_tile_async, sw128, fences, pin, issue_abt, issue_ab
 
 // One K/V tile's online softmax on this warp's 16 rows of the warpgroup's 64 (frag::online_softmax on the flat
 // accumulator, whose element i is element i % 4 of n8 tile i / 4), S_ij -> P_ij in place
@@ -242,7 +112,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     fence_proxy_async();
     __syncthreads();
     wgmma_fence();
-    issue_qk<D, Br, Bc, BF16>(s, sQ_wg, sK);
+    issue_abt<D, Br, Bc, BF16>(s, sQ_wg, sK);  // S_i0 = Qi K_0^T
     wgmma_wait<0>();
     pin(s);
     softmax_tile<Bc>(s, m_i, l_i, alpha, sc.scale_log2, rk, 0);
@@ -260,8 +130,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
         pin(acc);       // acc (rescaled) and pf (packed) were written by ordinary instructions:
         pin(pf);        // those writes come before ...
         wgmma_fence();  // ... this fence, which orders them before the products below
-        issue_qk<D, Br, Bc, BF16>(s, sQ_wg, sK + ((j + 1) & 1) * KV_BYTES);  // S_i,j+1 = Qi K_j+1^T
-        issue_pv<D, Bc, BF16>(acc, pf, sV + (j & 1) * KV_BYTES);            // acc += P_ij Vj
+        issue_abt<D, Br, Bc, BF16>(s, sQ_wg, sK + ((j + 1) & 1) * KV_BYTES);  // S_i,j+1 = Qi K_j+1^T
+        issue_ab<D, Bc, BF16>(acc, pf, sV + (j & 1) * KV_BYTES);              // acc += P_ij Vj
         wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
         pin(s);
         softmax_tile<Bc>(s, m_i, l_i, alpha, sc.scale_log2, rk, (j + 1) * Bc);
@@ -280,7 +150,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     pin(acc);
     pin(pf);
     wgmma_fence();
-    issue_pv<D, Bc, BF16>(acc, pf, sV + ((n_tiles - 1) & 1) * KV_BYTES);
+    issue_ab<D, Bc, BF16>(acc, pf, sV + ((n_tiles - 1) & 1) * KV_BYTES);
     wgmma_wait<0>();
     pin(acc);
 

@@ -1,0 +1,124 @@
+// backward_common.cuh -- what the two tensor-core backwards (mma_backward.cu on mma.sync, wgmma_backward.cu on
+// wgmma) share: the queries' lse and Delta, the elementwise step from S and dP to P and dS on accumulator
+// fragments, and the tile ranges the mask leaves to visit.
+//
+// The fragments are mma.sync's C layout (fragments.cuh): a warp's 16 x 8NT block, element (n, e) at row
+// acc_row(e), column acc_col(n, e); a wgmma accumulator of 64 rows is four of them stacked over the warps of the
+// warpgroup, so the same code serves both. No host header: compiles under NVRTC and nvcc alike.
+#pragma once
+#include "common.cuh"
+#include "fragments.cuh"
+#include "masks.cuh"
+
+namespace bwd {
+
+using frag::acc_col;
+using frag::acc_row;
+using frag::Dropout;
+using ptx::fast_exp2;
+
+// lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0;
+// a row with a +inf score (lse = +inf) gets NaN, so its P is NaN, as in the reference
+__device__ __forceinline__ float lse2_of(float lse) {
+    return lse == FA_NEG_INF ? FA_POS_INF : fa::lse2_backward(lse);
+}
+
+// lse in log2 units and Delta of query `row`; rows >= Nq get (+inf, 0), so their P and dS are 0
+__device__ __forceinline__ void query_row(float& lse2, float& delta_i, const float* lse, const float* delta, int row,
+                                          int Nq) {
+    const bool in = row < Nq;
+    lse2 = in ? lse2_of(lse[row]) : FA_POS_INF;
+    delta_i = in ? delta[row] : 0.0f;
+}
+
+// queries [row0, row0 + ROWS): lse in log2 units and Delta into shared memory
+template <int ROWS>
+__device__ __forceinline__ void load_rows(float* sL, float* sDl, const float* lse, const float* delta, int row0,
+                                          int Nq) {
+    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) query_row(sL[r], sDl[r], lse, delta, row0 + r, Nq);
+}
+
+// whether the warp's 16 x 8NT block at (row0, col0) must apply the mask pair by pair (masks.cuh's needs_mask)
+template <bool KEY_ROWS, int NT>
+__device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, int col0) {
+    const int q0 = KEY_ROWS ? col0 : row0, k0 = KEY_ROWS ? row0 : col0;
+    return mask.needs_mask(q0, q0 + (KEY_ROWS ? 8 * NT : 16), k0, k0 + (KEY_ROWS ? 16 : 8 * NT));
+}
+// A warp's 16 x 8NT block in place: S_ij -> P_ij, dP_ij -> dS_ij (KEY_ROWS: the transposed block, S_ij^T and
+// dP_ij^T, whose rows are keys and columns queries: the dK/dV kernels):
+//   P_ij  = exp2(S_ij * scale_log2 - lse2_i)       (= exp(softmax_scale * S_ij - lse_i))
+//   dS_ij = P_ij o (dP_ij - Delta_i)
+// and P_ij = dS_ij = 0 on the pairs the mask hides (0, not 0 * NaN: a hidden pair gets no gradient from a NaN
+// row), checked pair by pair only where the mask does not call the warp's block full, and on the last key tile
+// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf).
+// lse2 / delta: the queries' values, indexed by the fragment column (KEY_ROWS: shared, one per query of the
+// tile) or by h = e / 2 (the thread's two query rows g, g + 8, in registers). row0 / col0: the global index of
+// the block's row 0 / column 0.
+// DROPOUT: P_ij comes back as P_ij o Z_ij / (1 - p) (what dV needs), and dS_ij = P_ij o (dP_ij o Z_ij / (1 - p)
+// - Delta_i), Z_ij drawn from `drop` (whose query head is the tile's).
+template <bool KEY_ROWS, bool DROPOUT, int NT>
+__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
+                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                         int col0, const Dropout& drop) {
+    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
+            float z = 1.0f;  // Z_ij / (1 - p)
+            if constexpr (DROPOUT) z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);
+            const float dS = P * (DROPOUT ? dS_ij[n][e] * z - delta[slot] : dS_ij[n][e] - delta[slot]);  // dP_ij
+            const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
+            P_ij[n][e] = hidden ? 0.0f : (DROPOUT ? P * z : P);
+            dS_ij[n][e] = hidden ? 0.0f : dS;
+        }
+}
+
+// The same step in two halves, for a kernel that overlaps them with its matrix products (no dropout):
+// p_tile turns S_ij into P_ij as soon as S is ready; ds_tile turns dP_ij into dS_ij = P_ij o (dP_ij - Delta_i)
+// later, from that P_ij. Same arguments, same arithmetic and the same zeros as p_and_ds.
+template <bool KEY_ROWS, int NT>
+__device__ __forceinline__ void p_tile(float (&P_ij)[NT][4], const float* lse2, float scale_log2,
+                                       const fa::Mask& mask, int row0, int col0) {
+    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
+            P_ij[n][e] = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c)) ? 0.0f : P;
+        }
+}
+template <bool KEY_ROWS, int NT>
+__device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_ij)[NT][4], const float* delta,
+                                        const fa::Mask& mask, int row0, int col0) {
+    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+            const float dS = P_ij[n][e] * (dS_ij[n][e] - delta[slot]);  // dS_ij[n][e] holds dP_ij here
+            dS_ij[n][e] = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c)) ? 0.0f : dS;
+        }
+}
+
+// The tiles to visit: `count` tiles from tile `first` on
+struct TileSpan {
+    int first, count;
+};
+// the K/V tiles of Bc keys that hold every key a query of [q0, q1) sees (masks.cuh)
+__device__ __forceinline__ TileSpan kv_tiles(const fa::Mask& mask, int q0, int q1, int Bc) {
+    const int first = mask.kv_tile_begin(q0, Bc);
+    return TileSpan{first, mask.kv_tile_end(q0, q1, Bc) - first};
+}
+// the Q tiles of Br queries that hold every query seeing a key of [k0, k1)
+__device__ __forceinline__ TileSpan q_tiles(const fa::Mask& mask, int k0, int k1, int Br) {
+    const int begin = mask.q_begin(k0), end = mask.q_end(k1);
+    return end > begin ? TileSpan{begin / Br, (end + Br - 1) / Br - begin / Br} : TileSpan{0, 0};
+}
+
+}  // namespace bwd

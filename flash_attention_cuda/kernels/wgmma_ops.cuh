@@ -1,0 +1,159 @@
+// wgmma_ops.cuh -- Hopper's warpgroup matrix products (wgmma, sm_90a), shared by the forward (wgmma.cu) and the
+// backward (wgmma_backward.cu).
+//
+//   wgmma.mma_async.m64nNk16   64xN (+)= 64x16 * 16xN, issued by a warpgroup (4 warps, 128 threads); B (and,
+//                              for the SS form, A) read by the tensor cores straight from shared memory through
+//                              a 64-bit "matrix descriptor"; the warpgroup goes on issuing other instructions
+//   wgmma.commit_group / wait_group   batch the products issued so far / wait until at most N batches run
+//   wgmma.fence                       order register writes (rescaled accumulators, new A fragments) first
+//   fence.proxy.async                 make cp.async's writes to shared memory visible to the tensor cores
+//
+// Shared-memory tiles use the 128-byte swizzle the descriptors understand: a (ROWS, D) tile is stored as
+// D/64 column panels of (ROWS, 64); a panel row is 128 bytes, 8 rows make a 1024-byte "swizzle atom", and
+// 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the XOR keeps ldmatrix-like 8-row reads and the
+// cp.async writes free of bank conflicts). Tiles start 1024-byte aligned.
+//
+// The two products every FlashAttention kernel is made of, for one warpgroup's 64 rows (named as
+// fragments.cuh names the mma.sync ones):
+//   issue_abt:  d (64 x R) = A B^T, A = 64 rows of a (A_ROWS, D) tile, B = a (R, D) tile    (S = Q K^T, dP = dO V^T,
+//               and in the backward's key-major form S^T = K Q^T, dP^T = V dO^T)
+//   issue_ab:   d (64 x D) += A B, A = 64 x R fp16/bf16 fragments in registers, B = a (R, D) tile
+//               (O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K)
+// An accumulator of 64 x N is N / 2 fp32 registers per thread, laid out as mma.sync's C fragments stacked over
+// the 4 warps (warp w of the group holds rows 16w .. 16w + 15): frag::pack_a turns it into issue_ab's A.
+// No host header: compiles under NVRTC and nvcc alike (sm_90a only).
+#pragma once
+#include "ptx.cuh"
+
+namespace wgmma_ops {
+
+using namespace ptx;  // smem_u32, cp_async_*, pack2, fast_exp2
+
+// byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a 128-byte-swizzled (ROWS, D) tile
+template <int ROWS>
+__device__ __forceinline__ unsigned sw128(int row, int chunk) {
+    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// async copy of rows [row0, row0 + ROWS) of a (N, D) 16-bit matrix into a swizzled tile; rows >= N -> 0.
+// Consecutive threads take consecutive 16-byte chunks of a row: coalesced global reads.
+template <int ROWS, int D, int NTHREADS>
+__device__ __forceinline__ void load_tile_async(unsigned tile, const unsigned short* __restrict__ x, int row0,
+                                                int N) {
+    constexpr int CHUNKS = D / 8, TOTAL = ROWS * CHUNKS;  // 16-byte chunks per row, per tile
+#pragma unroll
+    for (int i = 0; i < (TOTAL + NTHREADS - 1) / NTHREADS; ++i) {
+        const int e = threadIdx.x + i * NTHREADS, r = e / CHUNKS, c = e % CHUNKS;
+        if (TOTAL % NTHREADS == 0 || e < TOTAL) {
+            const bool in = row0 + r < N;
+            cp_async_16(tile + sw128<ROWS>(r, c), in ? x + (long long)(row0 + r) * D + c * 8 : x, in ? 16 : 0);
+        }
+    }
+}
+
+// wgmma matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address >> 4,
+// 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 62-63 swizzle (1 = 128 B).
+//   K-major operand (Q, K: rows of D contiguous halves): SBO = 1024, the step between 8-row atoms; LBO unused.
+//   MN-major operand (V read as B[k = key][n = d]): SBO = 1024, the step between groups of 8 keys;
+//   LBO = the step between 64-column panels along d.
+__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Registers that an asynchronous wgmma reads or writes must not be touched by the compiler while it runs:
+// an empty volatile asm that "uses and redefines" them pins every access after the wait that precedes it.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
+}
+
+// --- the wgmma instructions used here. d: the accumulator, N/2 fp32 registers per thread, laid out as
+// mma.sync's C fragments stacked over the 4 warps (warp w of the group holds rows 16w .. 16w + 15).
+#define FA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FA_D32 FA_D8(0), FA_D8(8), FA_D8(16), FA_D8(24)
+#define FA_D64 FA_D32, FA_D8(32), FA_D8(40), FA_D8(48), FA_D8(56)
+#define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+// SS: d (+)= A * B, A (64x16, K-major) and B (16xN, K-major) in shared memory. accumulate = 0: d = A * B.
+// DA, DB, ACC: operand numbers.
+#define FA_WGMMA_SS(N, AB, REGS, OPS, DA, DB, ACC)                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ACC ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" AB " " REGS ", %" #DA ", %" #DB       \
+                 ", p, 1, 1, 0, 0;\n}\n"                                                          \
+                 : OPS                                                                                   \
+                 : "l"(da), "l"(db), "r"(accumulate))
+// RS: d += A * B, A (64x16) in registers (4 x 2 halves per thread, mma.sync's A layout), B (16xN) in
+// shared memory, MN-major (imm-trans-b = 1: V is stored key-major, d contiguous).
+#define FA_WGMMA_RS(N, AB, REGS, OPS, A0, A1, A2, A3, DB, ACC)                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ACC ", 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" AB " " REGS ", {%" #A0 ", %" #A1     \
+                 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, 1;\n}\n"                                    \
+                 : OPS                                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1))
+
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db,
+                                         int accumulate) {
+    static_assert(N == 64 || N == 128, "n64 or n128");
+    if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34);
+    if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34);
+    if constexpr (N == 128 && !BF16) FA_WGMMA_SS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66);
+    if constexpr (N == 128 && BF16) FA_WGMMA_SS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66);
+}
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
+    static_assert(N == 64 || N == 128, "n64 or n128");
+    if constexpr (N == 64 && !BF16) FA_WGMMA_RS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
+    if constexpr (N == 64 && BF16) FA_WGMMA_RS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
+    if constexpr (N == 128 && !BF16) FA_WGMMA_RS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66, 67, 68, 69);
+    if constexpr (N == 128 && BF16) FA_WGMMA_RS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66, 67, 68, 69);
+}
+#undef FA_WGMMA_SS
+#undef FA_WGMMA_RS
+
+// d (64 x R) = A B^T for a warpgroup: D / 16 k-steps of m64n(R)k16, both operands K-major in shared memory.
+// sA_wg: row 0 of the warpgroup's 64 rows in a (A_ROWS, D) tile; sB: a (R, D) tile. k-step kk reads columns
+// 16kk .. 16kk + 15: panel kk / 4, byte 32 * (kk % 4) of its 128-byte rows. Committed as one group.
+template <int D, int A_ROWS, int R, bool BF16>
+__device__ __forceinline__ void issue_abt(float (&d)[R / 2], unsigned sA_wg, unsigned sB) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const unsigned long long da = make_desc(sA_wg + (kk / 4) * A_ROWS * 128 + (kk % 4) * 32, 16, 1024);
+        const unsigned long long db = make_desc(sB + (kk / 4) * R * 128 + (kk % 4) * 32, 16, 1024);
+        wgmma_ss<R, BF16>(d, da, db, kk > 0);
+    }
+    wgmma_commit();
+}
+
+// d (64 x D) += A B for a warpgroup: R / 16 k-steps of m64n(D)k16, A (64 x R) as fp16/bf16 fragments in
+// registers, B = a (R, D) tile read MN-major (its rows are the k index); k-step kk takes rows 16kk .. 16kk + 15
+// = two 8-row atoms (2048 bytes of a panel), LBO = R * 128 steps between the 64-column panels along D.
+// Committed as one group.
+template <int D, int R, bool BF16>
+__device__ __forceinline__ void issue_ab(float (&d)[D / 2], const unsigned (&a)[R / 16][4], unsigned sB) {
+#pragma unroll
+    for (int kk = 0; kk < R / 16; ++kk) wgmma_rs<D, BF16>(d, a[kk], make_desc(sB + kk * 2048, R * 128, 1024));
+    wgmma_commit();
+}
+
+}  // namespace wgmma_ops

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Time the two CUDA tensor-core backwards (mma.sync and wgmma) alone, every wgmma tile config, beside FA2 and cuDNN.
+
+    PYTHONPATH=. python tools/cuda_backward_kernels.py --out results/backward_kernels      # on a Hopper GPU
+
+For each head dim, N and causal (B4 H16 fp16 by default): the backward kernels alone (``launch_specs.run_backward``:
+Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' and with kernel 'wgmma' for each candidate
+(warpgroups, streamed tile rows), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
+one recorded forward). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 2.5 x 4·B·H·N²·D (x0.5
+causal). Writes ``backward_kernels.json`` and ``backward_kernels.md`` into --out. It is the measurement behind
+``capabilities.WGMMA_BACKWARD_FASTER_ABOVE`` and ``launch_specs.WGMMA_BACKWARD_CONFIGS``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CANDIDATES = {64: [(2, 64), (2, 128), (3, 64)], 128: [(2, 64), (1, 64), (3, 64)]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--head-dims", default="64,128")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from tqdm import tqdm
+    from triton.testing import do_bench
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    from flash_attention_cuda import flash_attn_cuda, launch_specs
+    from flash_attention_py.common import attention_flops
+    from flash_attention_py.inputs import make_inputs
+    from flash_attention_py.masks import window_for
+
+    B, H = args.batch, args.heads
+    cases = [(D, N, causal) for D in map(int, args.head_dims.split(",")) for N in map(int, args.n.split(","))
+             for causal in (False, True)]
+    rows = []
+    for D, N, causal in tqdm(cases, desc="backward kernels"):
+        x = make_inputs(B, H, N, N, D, dtype="float16", device="cuda")
+        q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+        o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel="mma", return_lse=True)
+        flops = attention_flops(B, H, N, N, D, causal=causal, mode="bwd")
+        window, scale = window_for(causal), D ** -0.5
+        ms = {"mma": do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "mma"))}
+        for cfg in CANDIDATES.get(D, []):
+            ms[f"wgmma {cfg[0]}x{cfg[1]}"] = do_bench(
+                lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma", cfg))
+        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            ms[name] = do_bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+        rows.append(dict(B=B, H=H, N=N, D=D, causal=causal, ms=ms,
+                         tflops={name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    doc = dict(commit=commit, dirty=dirty, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               command="python tools/cuda_backward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               unit="TFLOP/s = 2.5 x 4·B·H·N²·D (x0.5 causal) / do_bench median of the backward alone", rows=rows)
+    names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
+    md = [f"# CUDA backward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
+          "", f"`{doc['command']}`; {doc['unit']}. wgmma RxT: R warpgroups per block, streamed tiles of T rows.", "",
+          "| D | N | causal | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for r in rows:
+        md.append(f"| {r['D']} | {r['N']} | {r['causal']} | "
+                  + " | ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "–" for n in names) + " |")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "backward_kernels.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(args.out, "backward_kernels.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
