@@ -3,7 +3,7 @@
     torch.ops.fa_ladder.cuda_fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1,
                                  dropout_p=0.0, seed_lo=0, seed_hi=0) -> (o, lse)
     torch.ops.fa_ladder.cuda_bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1,
-                                 dropout_p=0.0, seed_lo=0, seed_hi=0, kernel='auto') -> (dq, dk, dv)
+                                 dropout_p=0.0, seed_lo=0, seed_hi=0, bwd_kernel='auto') -> (dq, dk, dv)
 
 Shapes: q (B, Hq, Nq, D), k and v (B, Hk, Nk, D) torch CUDA tensors (Hq % Hk == 0); o (B, Hq, Nq, D) in q's
 dtype, contiguous; lse (B, Hq, Nq) float32 (natural log); dq, dk, dv contiguous, shaped like q, k, v, in q's
@@ -11,7 +11,7 @@ dtype. ``kernel`` is a rung name already resolved by :func:`flash_attention_cuda
 'tiled', 'mma' or 'wgmma'). The mask is ``masks.window_for(causal, (window_left, window_right))`` (causal
 bounds the right side at 0, as in the public functions); dropout is (dropout_p, the seed's low and high 32-bit
 halves), as the forward call drew it: the backward op draws the same mask again. ``cuda_bwd`` runs the
-recompute kernels of its ``kernel`` (the forward rung's backward, ``capabilities.BACKWARD_OF``: 'mma' for the mma
+recompute kernels of its ``bwd_kernel`` (the forward rung's backward, ``capabilities.BACKWARD_OF``: 'mma' for the mma
 rung, else 'auto': wgmma on a Hopper, mma.sync elsewhere for fp16/bf16, the fp32 kernels for float32, which
 take no variant beyond causal).
 
@@ -44,14 +44,16 @@ def _fwd(q, k, v, causal, scale, kernel, window_left=-1, window_right=-1, dropou
 
 
 def _bwd(q, k, v, o, lse, do, causal, scale, window_left=-1, window_right=-1, dropout_p=0.0, seed_lo=0, seed_hi=0,
-         kernel="auto"):
+         bwd_kernel="auto"):
     window = window_for(causal, (window_left, window_right))  # causal bounds the right side at 0
-    return run_backward(q, k, v, o, lse, do, window, scale, kernel, dropout=_seed(dropout_p, seed_lo, seed_hi))
+    return run_backward(q, k, v, o, lse, do, window, scale, bwd_kernel, dropout=_seed(dropout_p, seed_lo, seed_hi))
 
 
 cuda_fwd, cuda_bwd = attention_ops("cuda", public="flash_attn_cuda", forward=_fwd, backward=_bwd,
                                    extra="str kernel", variants=_VARIANTS,
-                                   backward_extra="str kernel='auto'",
+                                   # not named `kernel`: inductor's fallback passes a default-valued argument by
+                                   # name, beside its own parameter of that name
+                                   backward_extra="str bwd_kernel='auto'",
                                    backward_extra_of=lambda kernel: (BACKWARD_OF[kernel],))
 
 

@@ -55,7 +55,7 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
     of the forward's own arguments after scale, e.g. "str kernel". variants: schema text of the arguments both
     ops take last, with defaults (e.g. "int window_left=-1, int window_right=-1"): the forward's autograd hands
     the forward's values to the backward. backward_extra: schema text of the backward op's own arguments after
-    the variants, with defaults (e.g. "str kernel='auto'"); backward_extra_of(*forward_extra_args) gives their
+    the variants, with defaults (e.g. "str bwd_kernel='auto'"); backward_extra_of(*forward_extra_args) gives their
     values from the forward's own (e.g. the backward kernel of a forward rung). public: the public function,
     named in the double-backward error.
     """

@@ -90,11 +90,9 @@ def _compiled_matches_eager(attn, backend, *, device="cpu", dtype=torch.float32,
 
 
 # ------------------------------------------------------------------ the split PyTorch loop
-OLD_TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(OLD_TORCH, strict=False, reason="torch < 2.13: on torch 2.11, aot_eager gave gradients that differ from eager for the split loop's autograd.Function (recorded on the GPU image); torch 2.13, the pinned version, agrees")
 def test_torch_split_compiles_fullgraph():
     """flash_attn_torch (an autograd.Function around a Python loop) compiles with fullgraph=True."""
     attn = lambda q, k, v: flash_attn_torch(q, k, v, causal=True, softmax_scale=0.3, block_size=16)  # noqa: E731
