@@ -616,7 +616,7 @@ def prose(R):
         ("docs/algorithm.md", f"move {std / hbm['v1']:.1f}x (v1) and {std / hbm['v2']:.1f}x (v2) fewer elements"),
         # README.md
         ("README.md", f"Backward, fp16, same shapes: `triton` (causal) {T['bwd_ratio']} FA2 at N ≥ 2048"),
-        ("README.md", f"shared by `cuda-mma` and `cuda-wgmma`) {B['ratio']} ({B['tflops']} TFLOP/s)"),
+        ("README.md", f"which `cuda-mma` runs) {B['ratio']} ({B['tflops']} TFLOP/s)"),
         # docs/performance.md
         ("docs/performance.md", f"fp16 matmul {f0(peak['float16'])} TFLOP/s, tf32 matmul {f0(peak['float32 (tf32)'])} TFLOP/s, "
                                 f"plain fp32 matmul {f0(peak['float32'])} TFLOP/s"),
