@@ -216,7 +216,7 @@ def triton_summary(rows, ctx):
             "triton_vs_fa2.md": "\n".join(md) + "\n"}
 
 
-HOPPER_NAMES = ("sdpa-flash", "sdpa-cudnn", "triton", "cuda-wgmma", "cuda-mma")
+HOPPER_NAMES = ("sdpa-flash", "sdpa-cudnn", "triton", "cuda-wgmma-ws", "cuda-wgmma", "cuda-mma")
 
 
 def hopper_summary(rows, ctx):
@@ -257,7 +257,8 @@ def hopper_summary(rows, ctx):
 
 
 HOST_LABELS = {"sdpa-flash": "sdpa FLASH_ATTENTION (FA2)", "cuda-mma": "flash_attn_cuda kernel=mma",
-               "cuda-wgmma": "flash_attn_cuda kernel=wgmma", "triton": "flash_attn_triton"}
+               "cuda-wgmma": "flash_attn_cuda kernel=wgmma", "cuda-wgmma-ws": "flash_attn_cuda kernel=wgmma-ws",
+               "triton": "flash_attn_triton"}
 
 
 def host_summary(rows, ctx):
@@ -296,14 +297,15 @@ PRESETS = {p.name: p for p in (
     Preset(name="launch-overhead",
            description="host time per call (checks, allocation, launch) of the forward and the causal backward "
                        "at B=H=1 N=64 D=64, where the GPU time does not matter",
-           backends=("sdpa-flash", "cuda-mma", "cuda-wgmma", "triton"), shapes=((1, 1, 64),), n="64",
+           backends=("sdpa-flash", "cuda-mma", "cuda-wgmma", "cuda-wgmma-ws", "triton"), shapes=((1, 1, 64),),
+           n="64",
            combos=(("fwd", False), ("bwd", True)), timer="host",
            dtypes={"sdpa-flash": ("float16",), "cuda-mma": ("float16",), "cuda-wgmma": ("float16",),
-                   "triton": ("float16",)},
+                   "cuda-wgmma-ws": ("float16",), "triton": ("float16",)},
            summary=host_summary),
     Preset(name="hopper",
-           description="every GPU backend (Triton, cuda-wgmma, cuda-mma) beside FA2 and cuDNN, fp16 and bf16, forward "
-                       "and backward, causal and not; hopper_summary.json",
+           description="every GPU backend (Triton, cuda-wgmma-ws, cuda-wgmma, cuda-mma) beside FA2 and cuDNN, fp16 and "
+                       "bf16, forward and backward, causal and not; hopper_summary.json",
            backends=HOPPER_NAMES, shapes=SHAPES, n="1024,4096,16384",
            combos=(("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)), reference="sdpa-flash",
            dtypes={n: ("float16", "bfloat16") for n in HOPPER_NAMES}, summary=hopper_summary),

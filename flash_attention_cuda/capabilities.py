@@ -1,6 +1,7 @@
 """What the CUDA rungs take, declared once, and whether they can run here.
 
-    CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma' -> Capability (the forward kernels)
+    CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma', 'cuda-wgmma-ws' -> Capability (the forward
+                     kernels)
     BACKWARD         'wgmma', 'mma', 'tiled' -> Capability (the backward kernels: wgmma_backward.cu,
                      mma_backward.cu, backward.cu)
     is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
@@ -22,7 +23,8 @@ from typing import Optional
 from flash_attention_py.capabilities import Capability, torch_cuda_reason
 from flash_attention_py.validation import FLOAT_DTYPES
 
-__all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "HOPPER", "TENSOR_CORE_HEAD_DIMS", "is_hopper",
+__all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "HOPPER",
+           "TENSOR_CORE_HEAD_DIMS", "is_hopper",
            "has_mma", "mma_backward_applies", "auto_backward", "WGMMA_BACKWARD_FASTER_ABOVE", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
@@ -116,7 +118,7 @@ def hopper_probe(device: str) -> Optional[str]:
 # -------------------------------------------------------------------- the tables
 _FP32 = {"cuda": ("float32",)}
 _HALF = {"cuda": ("float16", "bfloat16")}
-# The tensor-core kernels (mma.cu, wgmma.cu, mma_backward.cu) take every variant: a window, grouped-query K/V
+# The tensor-core kernels (mma.cu, wgmma.cu, wgmma_ws.cu and the backwards) take every variant: a window, grouped-query K/V
 # heads and dropout; the fp32 kernels (naive.cu, tiled.cu, backward.cu) the causal mask only.
 _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # The head dims the tensor-core kernels are compiled for; any other D <= 128 is zero-padded to the next of them
@@ -133,9 +135,12 @@ CAPABILITIES = {
                    probe=cuda_probe),
         Capability("cuda-wgmma", dtypes=_HALF, max_head_dim=128, hopper_only=True,
                    variants=_ALL_VARIANTS, probe=hopper_probe),
+        Capability("cuda-wgmma-ws", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+                   variants=_ALL_VARIANTS, probe=hopper_probe),
     )
 }
-KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-mma' -> 'mma', the launcher's kernel=
+KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-wgmma-ws' -> 'wgmma-ws', the launcher's kernel=
+TENSOR_CORE_KERNELS = ("mma", "wgmma", "wgmma-ws")  # the forward kernels on tensor cores (fp16/bf16, every variant)
 
 # The backward kernels: on a Hopper the wgmma kernels (wgmma_backward.cu), elsewhere the mma.sync kernels
 # (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
@@ -153,4 +158,4 @@ BACKWARD = {
 WGMMA_BACKWARD_FASTER_ABOVE = 64
 # The backward a forward rung's autograd runs: the mma rung keeps its own (mma_backward.cu), so the ladder's
 # rungs stay apart in a benchmark; the others take kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
-BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto"}
+BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto", "wgmma-ws": "auto"}

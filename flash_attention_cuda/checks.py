@@ -3,7 +3,7 @@
 ``check_forward`` / ``check_backward`` run every check of a call (shapes and dtypes, the kernel and what it takes,
 the variants, the grid and the device) before anything is allocated or launched, and return what the launch
 needs; ``check_config`` checks a tile config passed in by a sweep. ``RUNGS`` is the forward capability table
-keyed by kernel name ('naive', 'tiled', 'mma', 'wgmma').
+keyed by kernel name ('naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws').
 """
 from __future__ import annotations
 
@@ -15,12 +15,16 @@ from flash_attention_py.validation import (check_dropout, check_flag, check_qkv,
 from . import runtime
 from .capabilities import (BACKWARD, CAPABILITIES, KERNEL_OF, auto_backward, cc_text, has_mma, is_hopper)
 
-RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma'
+RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'
 KERNELS = tuple(RUNGS)
 BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'mma', 'tiled')
+# kernel='auto' on a Hopper: the warp-specialised wgmma forward, the fastest CUDA rung there (H100, fp16/bf16,
+# D 64 and 128: docs/results/cuda/forward_kernels.md, written by tools/cuda_forward_kernels.py)
+HOPPER_FORWARD = "wgmma-ws"
 MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 # the fields of a forward tile config, per kernel that takes one (launch_specs.MMA_CONFIGS, WGMMA_CONFIGS)
-CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups")}
+CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups"),
+                 "wgmma-ws": ("Bc", "consumer warpgroups", "stages")}
 
 
 def supported_text() -> str:
@@ -40,16 +44,16 @@ def check_grid_and_device(q, dims, fn: str) -> None:
 
 
 def _resolve_kernel(q, dims, kernel, fn: str) -> str:
-    """The kernel name, then the (kernel, dtype, D) combination; 'auto' -> wgmma (Hopper) / mma / tiled."""
+    """The kernel name, then the (kernel, dtype, D) combination; 'auto' -> wgmma-ws (Hopper) / mma / tiled."""
     if not isinstance(kernel, str):
         raise TypeError(f"{fn}: kernel must be a str, got {type(kernel).__name__} {kernel!r}")
     if kernel != "auto" and kernel not in RUNGS:
         raise ValueError(f"{fn}: unknown kernel {kernel!r}; expected 'auto' or one of {', '.join(KERNELS)}")
     dt = dtype_name(q)
-    if kernel == "auto":  # tensor cores where they apply (wgmma on a Hopper GPU, else mma), else tiled
+    if kernel == "auto":  # tensor cores where they apply (wgmma-ws on a Hopper GPU, else mma), else tiled
         kernel = "mma" if RUNGS["mma"].supports(dt, dims.D) else "tiled"
         if kernel == "mma" and device_of(q).startswith("cuda") and is_hopper(runtime.device_cc(q)):
-            kernel = "wgmma"
+            kernel = HOPPER_FORWARD
         if not RUNGS[kernel].supports(dt, dims.D):
             raise ValueError(f"{fn}: no kernel takes dtype {dt} with head dim D = {dims.D}; "
                              f"supported: {supported_text()}")
@@ -137,7 +141,7 @@ def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: st
 
 
 def check_config(kernel: str, config, fn: str) -> None:
-    """A tile config for ``kernel`` ('mma' or 'wgmma'): a tuple of positive ints, one per field."""
+    """A tile config for ``kernel`` ('mma', 'wgmma' or 'wgmma-ws'): a tuple of positive ints, one per field."""
     if kernel not in CONFIG_FIELDS:
         raise ValueError(f"{fn}: kernel must be one of {', '.join(CONFIG_FIELDS)} (the rungs with tile configs), "
                          f"got {kernel!r}")

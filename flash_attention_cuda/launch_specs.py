@@ -6,7 +6,8 @@ shared memory, the buffers (pointer arguments, named as in the .cu) and the scal
 them, in the kernel's order. The specs are plain data, so the tests check them on any machine against the
 ``__global__`` declarations parsed from the .cu files.
 
-    forward   naive_fwd, tiled_fwd, mma_fwd, wgmma_fwd   (and seed_nomax_fwd, the seed lab's arithmetic)
+    forward   naive_fwd, tiled_fwd, mma_fwd, wgmma_fwd, wgmma_ws_fwd   (and seed_nomax_fwd, the seed lab's
+              arithmetic)
     backward  bwd_preprocess, bwd_dkdv, bwd_dq                   (backward.cu, fp32)
               mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
               wgmma_bwd_dkdv, wgmma_bwd_dq                       (wgmma_backward.cu, Hopper; Delta from
@@ -21,7 +22,8 @@ dropout launch names the template instantiation with ``DROPOUT = true`` (``..., 
 default (no dropout code compiled in).
 
 ``run_forward`` and ``run_backward`` launch them on inputs the launcher has checked already (the custom ops
-of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CONFIGS`` (per head dim) and
+of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CONFIGS``, ``WGMMA_WS_CONFIGS`` (per
+head dim) and
 ``MMA_BACKWARD_CONFIG``, ``WGMMA_BACKWARD_CONFIGS`` (per head dim). A sweep passes its own instead, leaving the tables as they are:
 ``launcher.forward_with_config`` (checked, like ``flash_attn_cuda``) or ``run_backward(..., config=...)``.
 """
@@ -38,9 +40,10 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import TENSOR_CORE_HEAD_DIMS, auto_backward
+from .capabilities import TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, auto_backward
 
-__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG", "WGMMA_BACKWARD_CONFIGS",
+__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
+           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIG", "WGMMA_BACKWARD_CONFIGS",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
@@ -54,6 +57,12 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWAR
 MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
 # wgmma: (Bc keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
 WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
+# wgmma-ws: (Bc keys per K/V tile, consumer warpgroups, K/V stages); Br = 64 * consumer warpgroups query rows per
+# block, plus one producer warpgroup. Chosen by tools/cuda_forward_kernels.py on an H100
+# (docs/results/cuda/forward_kernels.md): at D = 64 three consumer warpgroups (Br = 192) beat two by 10-15 %.
+WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2)}
+# ... with dropout: two consumer warpgroups (240 registers each; with three, 160 registers spill the Philox rounds)
+WGMMA_WS_DROPOUT_CONFIGS = {64: (128, 2, 2), 128: (128, 2, 2)}
 # mma backward: (warps per block, rows of the tile each kernel loops over): 64 x 64 tiles.
 # Chosen by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`).
 MMA_BACKWARD_CONFIG = (4, 64)
@@ -103,6 +112,8 @@ class LaunchSpec:
     smem: bytes of dynamic shared memory (0: the kernel's shared memory is static).
     buffers: the pointer arguments, named as in the kernel's parameter list, in its order.
     scalars: ((name, NumPy scalar), ...): the arguments after the pointers, in the kernel's order.
+    maps: ((parameter, buffer, box rows), ...): tensor maps (TMA descriptors) of buffers, passed by value before
+        the pointers (wgmma_ws.cu; runtime.tensor_map encodes them at launch: they hold the address).
     """
 
     source: str
@@ -112,6 +123,7 @@ class LaunchSpec:
     smem: int
     buffers: tuple
     scalars: tuple
+    maps: tuple = ()
 
     @functools.cached_property
     def scalar_values(self) -> tuple:
@@ -217,6 +229,22 @@ def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 
 
 @_cached
+def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """wgmma_ws.cu: (Bc, consumer warpgroups, stages) = config or WGMMA_WS_CONFIGS[D] (WGMMA_WS_DROPOUT_CONFIGS[D]
+    with dropout); Br = 64 * consumer
+    warpgroups, one more warpgroup for the copies (sm_90a only). q, k, v reach the kernel as tensor maps."""
+    Bc, cwg, stages = config or (WGMMA_WS_DROPOUT_CONFIGS if p.dropout else WGMMA_WS_CONFIGS)[p.D]
+    Br = 64 * cwg
+    # wgmma_ws.cu, wgmma_ws_fwd's `extern __shared__ ... smem_raw` carve-up: sQ (Br, D), sK and sV STAGES x (Bc, D)
+    # each, 16-bit; the 8-byte mbarriers (q_full, then k_full, v_full, k_empty, v_empty per stage); plus up to 1024
+    # bytes of `pad` that aligns the tiles to 1024 bytes (the 128-byte swizzle)
+    smem = (Br + 2 * stages * Bc) * p.D * 2 + 8 * (1 + 4 * stages) + 1024
+    return LaunchSpec("wgmma_ws.cu", f"wgmma_ws_fwd<{p.D}, {Bc}, {cwg}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nq, Br), p.B * p.H), (128 * (cwg + 1),), smem, ("O", "LSE"), _tc_args(p),
+                      maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc)))
+
+
+@_cached
 def seed_nomax_fwd(p: Problem) -> LaunchSpec:
     """naive.cu's seed_nomax_fwd: the seed lab's sum of exp(S_ij) without a running max, full attention."""
     dp, Bc, Br = pad_dim(p.D), 32, 64
@@ -227,7 +255,8 @@ def seed_nomax_fwd(p: Problem) -> LaunchSpec:
 
 @_cached
 def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None) -> LaunchSpec:
-    """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma'); config: mma/wgmma only."""
+    """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'); config: the tensor-core
+    rungs only."""
     if kernel == "naive":
         return naive_fwd(p)
     if kernel == "tiled":
@@ -236,7 +265,9 @@ def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optiona
         return mma_fwd(p, config)
     if kernel == "wgmma":
         return wgmma_fwd(p, config)
-    raise ValueError(f"forward_spec: unknown kernel {kernel!r}; expected naive, tiled, mma or wgmma")
+    if kernel == "wgmma-ws":
+        return wgmma_ws_fwd(p, config)
+    raise ValueError(f"forward_spec: unknown kernel {kernel!r}; expected naive, tiled, mma, wgmma or wgmma-ws")
 
 
 # ------------------------------------------------------------------------------------ backward
@@ -347,13 +378,13 @@ def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
 def _check_variants(kernel: str, p: Problem, fn: str) -> None:
     """The fp32 kernels (naive, tiled, backward.cu) take the causal mask only: the other variants are refused
     here too, so no launch can ignore them (the public functions refuse them first, with the same table)."""
-    if kernel in ("mma", "wgmma"):  # forward and backward rungs alike
+    if kernel in TENSOR_CORE_KERNELS:  # forward and backward rungs alike ('mma', 'wgmma')
         return
     used = [name for name, on in (("window_size", tuple(p.window) not in ((-1, -1), (-1, 0))),
                                   ("grouped-query K/V heads", p.kv_heads != p.H), ("dropout_p", p.dropout)) if on]
     if used:
         raise ValueError(f"{fn}: kernel {kernel!r} does not take {', '.join(used)}; the variants need the "
-                         f"tensor-core kernels (mma, wgmma; backward: wgmma, mma)")
+                         f"tensor-core kernels (mma, wgmma, wgmma-ws; backward: wgmma, mma)")
 
 
 def padded_head_dim(D: int) -> int:
@@ -369,14 +400,17 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     """Launch rung ``kernel``'s forward on checked q, k, v (made contiguous) -> (o in q's dtype, lse float32).
 
     q (B, Hq, Nq, D); k, v (B, Hk, Nk, D) with Hq % Hk == 0 (mma, wgmma; the others Hk == Hq); dropout:
-    (dropout_p, dropout_seed), checked (mma, wgmma only). mma and wgmma run a D they are not compiled for on
-    copies zero-padded to ``padded_head_dim(D)`` (``scale`` is the caller's, so the scores are those of D)."""
+    (dropout_p, dropout_seed), checked (tensor-core kernels only). These run a D they are not compiled for on
+    copies zero-padded to ``padded_head_dim(D)`` (``scale`` is the caller's, so the scores are those of D).
+    wgmma-ws reads q, k, v through tensor maps, which need 16-byte aligned addresses: others are copied."""
     D = q.shape[-1]
-    if kernel in ("mma", "wgmma") and padded_head_dim(D) != D:
+    if kernel in TENSOR_CORE_KERNELS and padded_head_dim(D) != D:
         Dp = padded_head_dim(D)
         o, lse = run_forward(*(runtime.pad_last(x, Dp) for x in (q, k, v)), window, scale, kernel, config, dropout)
         return runtime.cut_last(o, D), lse
     q, k, v = (runtime.contig(x) for x in (q, k, v))
+    if kernel == "wgmma-ws":
+        q, k, v = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v))
     p = _problem(q, k, scale, window, dropout=dropout)
     _check_variants(kernel, p, "run_forward")
     stream = runtime.Stream(q)
@@ -406,6 +440,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma)."""
     if kernel == "auto":
         kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
+    if kernel not in ("wgmma", "mma", "tiled"):
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'mma', 'tiled' or 'auto', got {kernel!r}")
     D = q.shape[-1]
     tensor_cores = kernel in ("wgmma", "mma")
     if tensor_cores and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged

@@ -25,11 +25,13 @@ from flash_attention_py.validation import array_kind, check_qkv, resolve_lazy, r
 from . import launch_specs
 from .checks import (BACKWARD_KERNELS, KERNELS, MAX_GRID_Y, RUNGS, check_backward, check_config,  # noqa: F401
                      check_forward, check_grid_and_device, supported_text)
-from .launch_specs import MMA_CONFIGS, WGMMA_BACKWARD_CONFIGS, WGMMA_CONFIGS  # noqa: F401  (re-exported)
+from .launch_specs import (MMA_CONFIGS, WGMMA_BACKWARD_CONFIGS, WGMMA_CONFIGS,  # noqa: F401  (re-exported)
+                           WGMMA_WS_CONFIGS)
 from .runtime import HEADERS, HOPPER_SOURCES, KERNEL_DIR, SOURCES, read_source  # noqa: F401  (re-exported)
 
 __all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "forward_with_config", "seed_nomax_forward", "KERNELS",
-           "RUNGS", "SOURCES", "supported_text", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_BACKWARD_CONFIGS"]
+           "RUNGS", "SOURCES", "supported_text", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS",
+           "WGMMA_BACKWARD_CONFIGS"]
 
 FN = "flash_attn_cuda"
 

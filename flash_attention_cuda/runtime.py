@@ -13,6 +13,9 @@
 * Streams: kernels run on torch's current stream (``cupy.cuda.ExternalStream``), or on CuPy's current
   stream for CuPy inputs (``Stream``).
 * Shared memory above 48 KiB needs an opt-in per kernel (``launch`` sets it once).
+* Tensor maps: wgmma_ws.cu's copy engine (TMA) reads q, k, v through 128-byte descriptors the driver encodes
+  (``tensor_map``: cuTensorMapEncodeTiled through ctypes, cached per address and shape), passed by value as
+  NumPy structured scalars, which CuPy hands to the kernel as raw bytes.
 
 Nothing here checks inputs: the launcher does, before any of this runs. torch and cupy are imported lazily.
 """
@@ -25,15 +28,19 @@ import tempfile
 import threading
 import warnings
 
+import numpy as np
+
 from flash_attention_py.validation import array_kind
 
 __all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", "get_kernel", "compute_capability",
-           "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert"]
+           "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert", "copy", "tensor_map",
+           "tensor_map_layout", "encode_tensor_map"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "backward.cu", "mma_backward.cu", "wgmma_backward.cu")
+SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "wgmma_ws.cu", "backward.cu", "mma_backward.cu",
+           "wgmma_backward.cu")
 HEADERS = tuple(sorted(os.path.basename(p) for p in glob.glob(os.path.join(KERNEL_DIR, "*.cuh"))))
-HOPPER_SOURCES = ("wgmma.cu", "wgmma_backward.cu")  # sm_90a only
+HOPPER_SOURCES = ("wgmma.cu", "wgmma_ws.cu", "wgmma_backward.cu")  # sm_90a only
 
 # ------------------------------------------------------------------------------------ compilation
 _LOCK = threading.Lock()
@@ -184,8 +191,76 @@ def launch(stream: Stream, spec, arrays: dict, as_arg=None) -> None:
             kern.max_dynamic_shared_size_bytes = spec.smem
         _SMEM_SET.add(id(kern))
     to_arg = as_arg or ptr
-    args = tuple(to_arg(arrays[name]) for name in spec.buffers) + spec.scalar_values
+    maps = tuple(tensor_map(arrays[name], rows) for _, name, rows in spec.maps)
+    args = maps + tuple(to_arg(arrays[name]) for name in spec.buffers) + spec.scalar_values
     stream.run(kern, spec.grid, spec.block, args, shared_mem=spec.smem)
+
+
+# ------------------------------------------------------------------------------------ tensor maps (TMA)
+# cuda.h's CUtensorMap: 128 opaque bytes (CU_TENSOR_MAP_NUM_QWORDS = 16), as a NumPy dtype CuPy passes by value
+TMA_MAP_DTYPE = np.dtype({"names": ["words"], "formats": [("<u8", (16,))]})
+# cuda.h's enums: CU_TENSOR_MAP_DATA_TYPE_UINT16 (the kernels move raw 16-bit values: zero-filled out of bounds
+# whatever the float format), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B (wgmma_ops.cuh's sw128),
+# CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
+_TMA_UINT16, _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE_128B, _TMA_L2_256B, _TMA_OOB_ZERO = 1, 0, 3, 3, 0
+TMA_BOX_COLUMNS = 64  # 64 16-bit columns = one 128-byte swizzle row: a (rows, D) tile is D / 64 boxes
+_MAPS: dict = {}  # (address, shape, box rows) -> encoded map
+_MAPS_MAX = 256
+_ENCODE = None
+
+
+def tensor_map_layout(shape, rows: int) -> tuple:
+    """(dims, byte strides, box) of the tensor map of a contiguous 16-bit (B, H, N, D) tensor, seen as a 3-d
+    tensor (D, N, B H) (innermost first, cuTensorMapEncodeTiled's order), read in boxes of 64 columns x ``rows``
+    rows of one head: a head's rows past N are out of bounds (zero-filled), never the next head's."""
+    B, H, N, D = (int(d) for d in shape)
+    return (D, N, B * H), (2 * D, 2 * D * N), (TMA_BOX_COLUMNS, rows, 1)
+
+
+def _driver_encode():
+    import ctypes
+    import sys
+
+    lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def encode_tensor_map(address: int, dims, strides, box):
+    """The driver's CUtensorMap (cuTensorMapEncodeTiled) of 16-bit data at ``address``, 128-byte swizzled boxes,
+    as a NumPy array of one TMA_MAP_DTYPE element (what CuPy passes to a ``const __grid_constant__`` parameter)."""
+    import ctypes
+
+    global _ENCODE
+    if _ENCODE is None:
+        _ENCODE = _driver_encode()
+    rank = len(dims)
+    raw = np.zeros(256, dtype=np.uint8)  # the driver wants the map 64-byte aligned
+    start = (-raw.ctypes.data) % 64
+    err = _ENCODE(raw.ctypes.data + start, _TMA_UINT16, rank, address, (ctypes.c_uint64 * rank)(*dims),
+                  (ctypes.c_uint64 * (rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box),
+                  (ctypes.c_uint32 * rank)(*([1] * rank)), _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE_128B, _TMA_L2_256B,
+                  _TMA_OOB_ZERO)
+    if err != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {err} (dims {dims}, byte strides "
+                           f"{strides}, box {box}, address {address:#x})")
+    return raw[start:start + 128].copy().view(TMA_MAP_DTYPE)
+
+
+def tensor_map(x, rows: int):
+    """The tensor map of x, a contiguous 16-bit (B, H, N, D) tensor at a 16-byte aligned address, read in boxes of
+    (rows, 64) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes each once."""
+    key = (ptr(x), tuple(x.shape), rows)
+    m = _MAPS.get(key)
+    if m is None:
+        if len(_MAPS) >= _MAPS_MAX:
+            _MAPS.pop(next(iter(_MAPS)))
+        m = _MAPS[key] = encode_tensor_map(key[0], *tensor_map_layout(x.shape, rows))
+    return m
 
 
 # ------------------------------------------------------------------------------------ array plumbing
@@ -235,6 +310,17 @@ def contig(x):
     import cupy
 
     return cupy.ascontiguousarray(x)
+
+
+def copy(x):
+    """A new contiguous copy of x (torch tensor or CuPy array): fresh memory, aligned by the allocator."""
+    if array_kind(x) == "torch":
+        import torch
+
+        return x.clone(memory_format=torch.contiguous_format)
+    import cupy
+
+    return cupy.array(x, copy=True, order="C")
 
 
 def convert(x, dtype: str):

@@ -6,7 +6,7 @@ nothing heavy (no torch, triton or cupy at import time):
 
     flash_attention_py/capabilities.py       naive-torch, numpy-v1, numpy-v2, torch-split
     flash_attention_triton/capabilities.py   triton
-    flash_attention_cuda/capabilities.py     cuda-naive, cuda-tiled, cuda-mma, cuda-wgmma
+    flash_attention_cuda/capabilities.py     cuda-naive, cuda-tiled, cuda-mma, cuda-wgmma, cuda-wgmma-ws
 
 The registry (``registry.py``), the test harness and the benchmark read these tables; the backends' own
 input checks read them too, so what a backend refuses and what the harness asks of it cannot drift apart.

@@ -8,7 +8,7 @@ it can run here are NOT written here: they are its package's capability table, r
 
     flash_attention_py/capabilities.py       naive-torch, numpy-v1, numpy-v2, torch-split
     flash_attention_triton/capabilities.py   triton
-    flash_attention_cuda/capabilities.py     cuda-naive, cuda-tiled, cuda-mma, cuda-wgmma
+    flash_attention_cuda/capabilities.py     cuda-naive, cuda-tiled, cuda-mma, cuda-wgmma, cuda-wgmma-ws
 
     >>> from flash_attention_py.registry import BACKENDS, get_backend
     >>> [b.name for b in BACKENDS]                       # doctest: +SKIP
@@ -188,6 +188,11 @@ BACKENDS = (
     Backend(
         name="cuda-wgmma", rung="cuda", array="torch", load_forward=_flash_attn_cuda, kwargs={"kernel": "wgmma"},
         description="CUDA through CuPy: Hopper tensor cores (wgmma.mma_async, sm_90a)",
+    ),
+    Backend(
+        name="cuda-wgmma-ws", rung="cuda", array="torch", load_forward=_flash_attn_cuda,
+        kwargs={"kernel": "wgmma-ws"},
+        description="CUDA through CuPy: wgmma, warp-specialised (TMA producer, ping-pong consumers, setmaxnreg)",
     ),
 )
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from flash_attention_cuda import launcher
+from flash_attention_cuda import launch_specs, launcher
 
 NVCC = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
 
@@ -73,6 +73,10 @@ def test_launcher_configs_are_instantiated_for_nvcc():
                          for bf in ("false", "true")},
               "wgmma.cu": {f"wgmma_fwd<{D}, {bc}, {nwg}, {bf}>" for D, (bc, nwg) in launcher.WGMMA_CONFIGS.items()
                            for bf in ("false", "true")},
+              "wgmma_ws.cu": {f"wgmma_ws_fwd<{D}, {bc}, {cwg}, {st}, {bf}>"
+                              for D, (bc, cwg, st) in launcher.WGMMA_WS_CONFIGS.items() for bf in ("false", "true")}
+              | {f"wgmma_ws_fwd<{D}, {bc}, {cwg}, {st}, {bf}, true>"
+                 for D, (bc, cwg, st) in launch_specs.WGMMA_WS_DROPOUT_CONFIGS.items() for bf in ("false", "true")},
               "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {launcher.MMA_BACKWARD_CONFIG[0]}, {launcher.MMA_BACKWARD_CONFIG[1]}, {bf}>"
                                   for kind in ("dkdv", "dq") for D in (64, 128) for bf in ("false", "true")}
               | {f"mma_bwd_preprocess<{D}, {bf}>" for D in (64, 128) for bf in ("false", "true")},

@@ -31,6 +31,7 @@ gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 HOPPER_REASON = hopper_probe("cuda")
 hopper = pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}")
 WGMMA = pytest.param("wgmma", marks=hopper)
+WGMMA_WS = pytest.param("wgmma-ws", marks=hopper)
 
 
 def _inputs(B, H, Nq, Nk, D, dtype="float32", seed=None):
@@ -77,11 +78,11 @@ def test_numpy_and_shape_errors():
 
 
 def test_rung_table():
-    assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma")
+    assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma", "wgmma-ws")
     assert fac.RUNGS["wgmma"].supports("float16", 96) and not fac.RUNGS["wgmma"].supports("float16", 160)
     assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
     assert all(fac.RUNGS[name[len("cuda-"):]] is cap for name, cap in CAPABILITIES.items())  # one table
-    assert [n for n, c in CAPABILITIES.items() if c.hopper_only] == ["cuda-wgmma"]
+    assert [n for n, c in CAPABILITIES.items() if c.hopper_only] == ["cuda-wgmma", "cuda-wgmma-ws"]
     assert is_hopper((9, 0)) and is_hopper("90") and not is_hopper((8, 0)) and not is_hopper((10, 0))
 
 
@@ -108,12 +109,13 @@ def _kernel_params(source: str) -> dict:
     with open(os.path.join(runtime.KERNEL_DIR, source)) as f:
         text = re.sub(r"//[^\n]*", "", f.read())
     kernels = {}
-    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{", text):
+    for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(([^)]*)\)\s*\{", text):
         params = []
         for p in m.group(2).split(","):
             words = p.replace("*", " * ").split()
-            name, kind = words[-1], " ".join(w for w in words[:-1] if w not in ("const", "__restrict__"))
-            params.append((name, "ptr" if "*" in kind else _SCALAR_TYPES[kind]))
+            name, kind = words[-1], " ".join(w for w in words[:-1] if w not in ("const", "__restrict__",
+                                                                                 "__grid_constant__"))
+            params.append((name, "ptr" if "*" in kind else "tmap" if kind == "tma::TmaMap" else _SCALAR_TYPES[kind]))
         kernels[m.group(1)] = params
     return kernels
 
@@ -132,7 +134,7 @@ def _all_specs():
             # heads, dropout with a seed past 2**32)
             for p in (launch_specs.Problem(2, 3, 77, 130, D, dtype, 0.125, CAUSAL),
                       launch_specs.Problem(2, 6, 77, 130, D, dtype, 0.125, (5, 2), 3, 0.25, 2**40 + 7)):
-                out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p),
+                out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p), (launch_specs.wgmma_ws_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p)]
@@ -146,7 +148,8 @@ def test_launch_specs_match_the_kernel_signatures():
         kernel = spec.name.split("<")[0]
         assert kernel in params[spec.source], f"{spec.source} declares no __global__ {kernel}"
         want = params[spec.source][kernel]
-        got = [(b, "ptr") for b in spec.buffers] + [(n, type(v)) for n, v in spec.scalars]
+        got = ([(m, "tmap") for m, _, _ in spec.maps] + [(b, "ptr") for b in spec.buffers]
+               + [(n, type(v)) for n, v in spec.scalars])
         assert len(got) == len(want), f"{kernel}: launch passes {len(got)} arguments, the kernel takes {len(want)}"
         for (gname, gtype), (wname, wtype) in zip(got, want):
             assert gname.lower() == wname.lower() and gtype is wtype, \
@@ -164,7 +167,8 @@ def test_launch_specs_match_the_kernel_signatures():
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
             n_args = len(spec.name.split("<")[1].split(","))
             gqa = kernel.endswith("mma_bwd_dkdv") and p.H != (p.Hk or p.H)
-            assert n_args == {"mma_fwd": 5, "wgmma_fwd": 4}.get(kernel, 4) + (2 if gqa else p.dropout_p > 0), spec.name
+            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5}.get(kernel, 4)
+            assert n_args == n_base + (2 if gqa else p.dropout_p > 0), spec.name
 
 
 def test_launch_specs_grid_block_smem():
@@ -182,6 +186,13 @@ def test_launch_specs_grid_block_smem():
     assert (w.name, w.grid, w.block, w.smem) == ("wgmma_fwd<64, 64, 2, true>", (3, 6), (256,),
                                                  (128 + 4 * 64) * 64 * 2 + 1024)
     assert launch_specs.mma_fwd(h, config=(64, 4, 2)).name == "mma_fwd<128, 64, 4, 2, false>"
+    # wgmma-ws (128, 2, 2): 2 consumer warpgroups (Br = 128) and a producer; Q + 2 stages of K and V, the
+    # mbarriers and 1024 B of alignment; q, k, v as tensor maps read in boxes of Br or Bc rows
+    ws = launch_specs.wgmma_ws_fwd(h)
+    assert (ws.name, ws.grid, ws.block, ws.smem) == ("wgmma_ws_fwd<128, 128, 2, 2, false>", (3, 6), (384,),
+                                                     (128 + 4 * 128) * 128 * 2 + 8 * 9 + 1024)
+    assert ws.maps == (("tmQ", "Q", 128), ("tmK", "K", 128), ("tmV", "V", 128)) and ws.buffers == ("O", "LSE")
+    assert launch_specs.wgmma_ws_fwd(h._replace(D=64), config=(128, 3, 2)).block == (512,)
     kv, dq = launch_specs.mma_bwd_dkdv(h._replace(D=64)), launch_specs.mma_bwd_dq(h._replace(D=64))
     assert (kv.grid, kv.block, kv.smem) == ((3, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2 + 4 * 64 * 4)
     assert (dq.grid, dq.block, dq.smem) == ((5, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2)
@@ -203,7 +214,12 @@ def _check_call(call, arrays):
     want = _kernel_params(kern.source)[kern.name.split("<")[0]]
     assert len(args) == len(want), kern.name
     for (name, kind), arg in zip(want, args):
-        if kind == "ptr":
+        if kind == "tmap":  # the recording runtime's map: (address, dims, byte strides, box) of q, k or v
+            x = arrays[name[2:].lower()]
+            B, H, N, D = x.shape
+            assert arg[0] == x.data_ptr() and arg[1:3] == ((D, N, B * H), (2 * D, 2 * D * N)), (kern.name, name)
+            assert arg[3][0] == 64 and arg[3][2] == 1, (kern.name, name)
+        elif kind == "ptr":
             assert name.lower() == "delta" or arg == arrays[name.lower()].data_ptr(), (kern.name, name)
         else:
             assert type(arg) is kind, (kern.name, name)
@@ -215,7 +231,7 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
     it: tests/test_torch_compile.py)."""
     B, H, Nq, Nk = 1, 2, 33, 70
     for kernel, dtype, D in (("naive", "float32", 40), ("tiled", "float32", 64), ("mma", "float16", 64),
-                             ("wgmma", "bfloat16", 128)):
+                             ("wgmma", "bfloat16", 128), ("wgmma-ws", "float16", 128)):
         x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind="torch")
         q, k, v, do = x["q"], x["k"], x["v"], x["do"]
         recorded_launches.clear()
@@ -248,7 +264,7 @@ def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
         launch_specs.padded_head_dim(160)
 
 
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-ws"])
 def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
     """D = 40 and 96 run the D = 64 and 128 kernels on zero-padded copies, and hand back D columns: a stand-in
     kernel (float64 attention of the arrays it is given, written into O/LSE and dQ/dK/dV) shows that the
@@ -276,8 +292,9 @@ def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
         assert seen[-1][1] == launch_specs.padded_head_dim(D)  # the kernel saw the padded head dim
         ref_o, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=0.3, return_lse=True)
         assert (o.double() - ref_o).abs().max() < 2e-3 and (lse.double() - ref_lse).abs().max() < 1e-5
-        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, kernel)  # mma / wgmma backward
-        assert seen[-1][1] == launch_specs.padded_head_dim(D) and seen[-1][0].startswith(f"{kernel}_bwd_dq")
+        bwd = "wgmma" if kernel == "wgmma-ws" else kernel  # the forward rungs' own backward kernels
+        grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, bwd)  # mma / wgmma backward
+        assert seen[-1][1] == launch_specs.padded_head_dim(D) and seen[-1][0].startswith(f"{bwd}_bwd_dq")
         for g, r, t in zip(grads, attention_reference_grads(q, k, v, do, causal=True, softmax_scale=0.3), (q, k, v)):
             assert g.shape == t.shape and g.is_contiguous()
             assert (g.double() - r).abs().max() < 2e-2 * max(1.0, r.abs().max().item())
@@ -382,7 +399,7 @@ def test_autograd_backward(kernel, dtype, D):
 def test_rows_that_see_no_key():
     q, k, v, _ = _inputs(1, 2, 40, 9, 64, "float16")
     kernels = [("naive", torch.float32), ("tiled", torch.float32), ("mma", torch.float16)]
-    kernels += [("wgmma", torch.float16)] if HOPPER_REASON is None else []
+    kernels += [("wgmma", torch.float16), ("wgmma-ws", torch.bfloat16)] if HOPPER_REASON is None else []
     for kernel, dt in kernels:
         o, lse = flash_attn_cuda(q.to(dt), k.to(dt), v.to(dt), causal=True, kernel=kernel, return_lse=True)
         assert torch.isneginf(lse[:, :, :31]).all() and (o[:, :, :31] == 0).all(), kernel
@@ -390,7 +407,7 @@ def test_rows_that_see_no_key():
 
 
 @gpu
-@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
 def test_long_sequence_matches_reference(kernel):
     q, k, v, _ = _inputs(1, 2, 1500, 2100, 128, "float16")
     for causal in (False, True):
@@ -530,7 +547,8 @@ def _same_pattern(out, ref, tol, what):
 
 
 NONFINITE_KERNELS = [("naive", "float32", 40), ("tiled", "float32", 64), ("mma", "float16", 64),
-                     ("mma", "bfloat16", 128), pytest.param("wgmma", "float16", 64, marks=hopper)]
+                     ("mma", "bfloat16", 128), pytest.param("wgmma", "float16", 64, marks=hopper),
+                     pytest.param("wgmma-ws", "bfloat16", 128, marks=hopper)]
 
 
 @gpu

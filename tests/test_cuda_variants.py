@@ -26,6 +26,8 @@ REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 HOPPER_REASON = hopper_probe("cuda")
 WGMMA = pytest.param("wgmma", marks=pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}"))
+WGMMA_WS = pytest.param("wgmma-ws", marks=pytest.mark.skipif(HOPPER_REASON is not None,
+                                                              reason=f"wgmma-ws: {HOPPER_REASON}"))
 
 
 def _qkv(B, Hq, Hk, Nq, Nk, D, dtype, device="cuda"):
@@ -179,7 +181,7 @@ def _check(name, out, ref, naive, floor):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
 def test_forward_variants(kernel, dtype, D, case):
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)

@@ -43,6 +43,8 @@ PROFILES = {
     "cuda-mma-fwd-d128": ("cuda-mma", "fwd", "float16", 4, 16, 4096, 128, False),
     "cuda-wgmma-fwd-d64": ("cuda-wgmma", "fwd", "float16", 4, 16, 4096, 64, False),
     "cuda-wgmma-fwd-d128": ("cuda-wgmma", "fwd", "float16", 4, 16, 4096, 128, False),
+    "cuda-wgmma-ws-fwd-d64": ("cuda-wgmma-ws", "fwd", "float16", 4, 16, 4096, 64, False),
+    "cuda-wgmma-ws-fwd-d128": ("cuda-wgmma-ws", "fwd", "float16", 4, 16, 4096, 128, False),
     "cuda-mma-bwd-d128": ("cuda-mma", "bwd", "float16", 4, 16, 4096, 128, False),
     "triton-fwd-d128": ("triton", "fwd", "float16", 4, 16, 4096, 128, False),
     "triton-bwd-d128": ("triton", "bwd", "float16", 4, 16, 4096, 128, False),

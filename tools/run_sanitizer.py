@@ -68,13 +68,14 @@ def inner() -> int:
             seed_nomax_forward(x["q"], x["k"], x["v"])
             n += 1
     # the variants (window, grouped-query heads, dropout) on the tensor-core rungs, forward and backward
-    for kernel in ("mma", "wgmma") if hopper else ("mma",):
+    for kernel in ("mma", "wgmma", "wgmma-ws") if hopper else ("mma",):
         for (B, Hq, Hk, Nq, Nk, D), (causal, window, p) in zip(VARIANT_CASES, VARIANT_KINDS):
             q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(B, Hk, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             kw = dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=2**33 + 1 if p else None)
             o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
-            flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), kernel=kernel, **kw)
+            bwd = "wgmma" if kernel == "wgmma-ws" else kernel  # the forward rungs' backward kernels
+            flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), kernel=bwd, **kw)
             n += 4
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")

@@ -185,15 +185,22 @@ struct ForwardBlock {
     int q0, kv0, n_tiles, nk;
     const unsigned short *k, *v;
 };
-template <int Br, int Bc, int D>
-__device__ __forceinline__ ForwardBlock forward_block(const fa::Mask& mask, const unsigned short* K,
-                                                      const unsigned short* V, int group) {
+// The block's head, rows and K/V tiles without the pointers (wgmma_ws.cu addresses K/V through tensor maps)
+template <int Br, int Bc>
+__device__ __forceinline__ ForwardBlock forward_tiles(const fa::Mask& mask) {
     ForwardBlock b;
     b.bh = blockIdx.y;
     b.q0 = (mask.heavy_last() ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
     b.kv0 = mask.kv_tile_begin(b.q0, Bc) * Bc;
     b.n_tiles = mask.kv_tile_end(b.q0, b.q0 + Br, Bc) - b.kv0 / Bc;
     b.nk = mask.Nk - b.kv0;
+    b.k = b.v = nullptr;
+    return b;
+}
+template <int Br, int Bc, int D>
+__device__ __forceinline__ ForwardBlock forward_block(const fa::Mask& mask, const unsigned short* K,
+                                                      const unsigned short* V, int group) {
+    ForwardBlock b = forward_tiles<Br, Bc>(mask);
     const long long bkv = b.bh / group;  // the K/V head's grid row (group 1: bh itself)
     b.k = K + (bkv * mask.Nk + b.kv0) * D;
     b.v = V + (bkv * mask.Nk + b.kv0) * D;

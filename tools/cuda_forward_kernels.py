@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Time the Hopper forward kernels alone (wgmma, and wgmma-ws in every candidate config) beside FA2 and cuDNN.
+
+    PYTHONPATH=. python tools/cuda_forward_kernels.py --out results/forward_kernels      # on a Hopper GPU
+
+For each dtype, head dim, N and causal (B4 H16 by default): the forward kernels alone
+(``launch_specs.run_forward``; no autograd, no input checks) with kernel 'wgmma' (its library config) and
+kernel 'wgmma-ws' for each candidate (Bc, consumer warpgroups, stages), and SDPA's FlashAttention-2 and cuDNN
+forward. Before timing, each wgmma-ws config's output is compared with wgmma's (max abs difference, printed and
+recorded). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 4·B·H·N²·D (x0.5 causal). Writes
+``forward_kernels.json`` and ``forward_kernels.md`` into --out: the measurement behind
+``launch_specs.WGMMA_WS_CONFIGS`` and the forward kernel='auto' picks on a Hopper.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CANDIDATES = {64: [(128, 2, 2), (128, 2, 3), (128, 3, 2), (64, 2, 4)],
+              128: [(128, 2, 2), (64, 2, 3), (64, 2, 4), (128, 2, 3)]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from tqdm import tqdm
+    from triton.testing import do_bench
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    from flash_attention_cuda import launch_specs
+    from flash_attention_py.common import attention_flops
+    from flash_attention_py.inputs import make_inputs
+    from flash_attention_py.masks import window_for
+
+    B, H = args.batch, args.heads
+    cases = [(dt, D, N, causal) for dt in args.dtypes.split(",") for D in map(int, args.head_dims.split(","))
+             for N in map(int, args.n.split(",")) for causal in (False, True)]
+    rows = []
+    for dt, D, N, causal in tqdm(cases, desc="forward kernels"):
+        x = make_inputs(B, H, N, N, D, dtype=dt, device="cuda")
+        q, k, v = x["q"], x["k"], x["v"]
+        flops = attention_flops(B, H, N, N, D, causal=causal, mode="fwd")
+        window, scale = window_for(causal), D ** -0.5
+        o_ref, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma")
+        ms = {"wgmma": do_bench(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
+        diff = {}
+        for cfg in CANDIDATES.get(D, []):
+            name = "wgmma-ws " + "x".join(map(str, cfg))
+            try:
+                o, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg)
+                diff[name] = (o.float() - o_ref.float()).abs().max().item()
+                ms[name] = do_bench(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg))
+            except Exception as exc:  # a config the GPU cannot hold: recorded, not fatal
+                diff[name] = f"{type(exc).__name__}: {exc}"[:300]
+        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            with sdpa_kernel(backend):
+                ms[name] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        rows.append(dict(dtype=dt, B=B, H=H, N=N, D=D, causal=causal, ms=ms, max_abs_vs_wgmma=diff,
+                         tflops={name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}))
+        tqdm.write(f"{dt} D{D} N{N} causal={causal}: " + ", ".join(f"{n} {v:.0f}" for n, v in rows[-1]["tflops"].items())
+                   + f"; max |ws - wgmma| {diff}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    doc = dict(commit=commit, dirty=dirty, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               command="python tools/cuda_forward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               unit="TFLOP/s = 4·B·H·N²·D (x0.5 causal) / do_bench median of the forward alone", rows=rows)
+    names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
+    md = [f"# Hopper forward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
+          "", f"`{doc['command']}`; {doc['unit']}. wgmma-ws BcxCxS: Bc keys per tile, C consumer warpgroups, "
+          "S K/V stages.", "",
+          "| dtype | D | N | causal | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
+    for r in rows:
+        md.append(f"| {r['dtype']} | {r['D']} | {r['N']} | {r['causal']} | "
+                  + " | ".join(f"{r['tflops'][n]:.0f}" if n in r["tflops"] else "–" for n in names) + " |")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "forward_kernels.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(args.out, "forward_kernels.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
