@@ -13,14 +13,12 @@ from flash_attention_py.validation import (check_dropout, check_flag, check_qkv,
                                            resolve_softmax_scale, resolve_window)
 
 from . import runtime
-from .capabilities import (BACKWARD, CAPABILITIES, KERNEL_OF, auto_backward, cc_text, has_mma, is_hopper)
+from .capabilities import (BACKWARD, CAPABILITIES, KERNEL_OF, auto_backward, auto_forward, cc_text, has_mma,
+                           is_hopper)
 
 RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'
 KERNELS = tuple(RUNGS)
 BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'mma', 'tiled')
-# kernel='auto' on a Hopper: the warp-specialised wgmma forward, the fastest CUDA rung there (H100, fp16/bf16,
-# D 64 and 128: docs/results/cuda/forward_kernels.md, written by tools/cuda_forward_kernels.py)
-HOPPER_FORWARD = "wgmma-ws"
 MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 # the fields of a forward tile config, per kernel that takes one (launch_specs.MMA_CONFIGS, WGMMA_CONFIGS)
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups"),
@@ -53,7 +51,7 @@ def _resolve_kernel(q, dims, kernel, fn: str) -> str:
     if kernel == "auto":  # tensor cores where they apply (wgmma-ws on a Hopper GPU, else mma), else tiled
         kernel = "mma" if RUNGS["mma"].supports(dt, dims.D) else "tiled"
         if kernel == "mma" and device_of(q).startswith("cuda") and is_hopper(runtime.device_cc(q)):
-            kernel = HOPPER_FORWARD
+            kernel = auto_forward(dims.D, dims.Nk)  # wgmma-ws, or wgmma for a short loop at D 64
         if not RUNGS[kernel].supports(dt, dims.D):
             raise ValueError(f"{fn}: no kernel takes dtype {dt} with head dim D = {dims.D}; "
                              f"supported: {supported_text()}")

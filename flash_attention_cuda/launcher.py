@@ -8,8 +8,8 @@
                         window_size=(-1, -1), dropout_p=0.0, dropout_seed=None)
     seed_nomax_forward(q, k, v, *, softmax_scale=None)
 
-The variants (a window, grouped-query K/V heads, dropout) run on the tensor-core kernels (mma, wgmma and the
-mma backward); the fp32 kernels take the causal mask only and refuse the others, as capabilities.py says.
+The variants (a window, grouped-query K/V heads, dropout) run on the tensor-core kernels (mma, wgmma, wgmma-ws
+and the tensor-core backwards); the fp32 kernels take the causal mask only and refuse the others, as capabilities.py says.
 
 What each kernel takes is ``capabilities.py`` (``RUNGS`` below is that table keyed by kernel name, and
 the checks here read it); how each kernel is launched is ``launch_specs.py`` (the tile configs, and
@@ -54,12 +54,14 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         {MASK_DIAGRAM}
 
         {VARIANTS}
-        The variants beyond causal (a window, Hk < Hq, dropout_p > 0) run on kernels 'mma' and 'wgmma' only
-        (and the 'mma' backward); the fp32 kernels 'naive' and 'tiled' refuse them (capabilities.py).
+        The variants beyond causal (a window, Hk < Hq, dropout_p > 0) run on the tensor-core kernels only
+        (and the tensor-core backwards); the fp32 kernels 'naive' and 'tiled' refuse them (capabilities.py).
         softmax_scale: defaults to 1/sqrt(D).
         kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 128) |
-                'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'auto' (for fp16/bf16: wgmma on a Hopper GPU,
-                else mma; otherwise tiled). mma and wgmma are compiled for D = 64 and 128: another D runs on
+                'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
+                producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16 on a Hopper GPU:
+                wgmma-ws, or wgmma at D <= 64 with Nk < 4096 (capabilities.auto_forward); elsewhere mma;
+                otherwise tiled). The tensor-core kernels are compiled for D = 64 and 128: another D runs on
                 copies of q, k, v zero-padded to the next of them (exact; the padded work and one copy).
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
             dropout.

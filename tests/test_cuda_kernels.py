@@ -86,6 +86,14 @@ def test_rung_table():
     assert is_hopper((9, 0)) and is_hopper("90") and not is_hopper((8, 0)) and not is_hopper((10, 0))
 
 
+def test_auto_forward_on_a_hopper():
+    """kernel='auto' on a Hopper: wgmma-ws, except the short K/V loops at D <= 64 (wgmma there)."""
+    from flash_attention_cuda.capabilities import WGMMA_WS_SHORT_BELOW_NK, auto_forward
+
+    assert auto_forward(128, 1) == auto_forward(128, 1024) == auto_forward(64, WGMMA_WS_SHORT_BELOW_NK) == "wgmma-ws"
+    assert auto_forward(64, WGMMA_WS_SHORT_BELOW_NK - 1) == auto_forward(40, 1024) == "wgmma"
+
+
 def test_forward_with_config_refuses_bad_configs():
     """The sweeps' entry point checks the config first, then checks as flash_attn_cuda does."""
     q = torch.randn(1, 1, 4, 64, dtype=torch.float16)
