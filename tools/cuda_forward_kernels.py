@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         tqdm.write(f"{dt} D{D} N{N} causal={causal}: " + ", ".join(f"{n} {v:.0f}" for n, v in rows[-1]["tflops"].items())
                    + f"; max |ws - wgmma| {diff}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
     doc = dict(commit=commit, dirty=dirty, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                command="python tools/cuda_forward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                unit="TFLOP/s = 4·B·H·N²·D (x0.5 causal) / do_bench median of the forward alone", rows=rows)
