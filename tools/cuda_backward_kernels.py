@@ -64,7 +64,8 @@ def main(argv=None) -> int:
         rows.append(dict(B=B, H=H, N=N, D=D, causal=causal, ms=ms,
                          tflops={name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True).stdout.strip())
     doc = dict(commit=commit, dirty=dirty, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                command="python tools/cuda_backward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                unit="TFLOP/s = 2.5 x 4·B·H·N²·D (x0.5 causal) / do_bench median of the backward alone", rows=rows)

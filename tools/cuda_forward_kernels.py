@@ -7,7 +7,9 @@ For each dtype, head dim, N and causal (B4 H16 by default): the forward kernels 
 (``launch_specs.run_forward``; no autograd, no input checks) with kernel 'wgmma' (its library config) and
 kernel 'wgmma-ws' for each candidate (Bc, consumer warpgroups, stages), and SDPA's FlashAttention-2 and cuDNN
 forward. Before timing, each wgmma-ws config's output is compared with wgmma's (max abs difference, printed and
-recorded). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 4·B·H·N²·D (x0.5 causal). Writes
+recorded). Times are medians of CUDA-graph replays (``triton.testing.do_bench_cudagraph``; ``--timer events``:
+``do_bench``), so they are the kernels' own: at N = 1024 a call's host time (tens of microseconds of Python)
+would otherwise exceed the kernel's and be what is measured. TFLOP/s count 4·B·H·N²·D (x0.5 causal). Writes
 ``forward_kernels.json`` and ``forward_kernels.md`` into --out: the measurement behind
 ``launch_specs.WGMMA_WS_CONFIGS`` and the forward kernel='auto' picks on a Hopper.
 """
@@ -31,12 +33,20 @@ def main(argv=None) -> int:
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--timer", choices=("graph", "events"), default="graph",
+                    help="graph: CUDA-graph replays, the kernels alone (default); events: do_bench, host time included "
+                         "where it is longer than the kernel")
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from tqdm import tqdm
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    def timed(fn):
+        if args.timer == "graph":
+            return do_bench_cudagraph(fn, return_mode="median")
+        return do_bench(fn, return_mode="median")
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
@@ -55,28 +65,30 @@ def main(argv=None) -> int:
         flops = attention_flops(B, H, N, N, D, causal=causal, mode="fwd")
         window, scale = window_for(causal), D ** -0.5
         o_ref, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma")
-        ms = {"wgmma": do_bench(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
+        ms = {"wgmma": timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
         diff = {}
         for cfg in CANDIDATES.get(D, []):
             name = "wgmma-ws " + "x".join(map(str, cfg))
             try:
                 o, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg)
                 diff[name] = (o.float() - o_ref.float()).abs().max().item()
-                ms[name] = do_bench(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg))
+                ms[name] = timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg))
             except Exception as exc:  # a config the GPU cannot hold: recorded, not fatal
                 diff[name] = f"{type(exc).__name__}: {exc}"[:300]
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             with sdpa_kernel(backend):
-                ms[name] = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                ms[name] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         rows.append(dict(dtype=dt, B=B, H=H, N=N, D=D, causal=causal, ms=ms, max_abs_vs_wgmma=diff,
                          tflops={name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}))
         tqdm.write(f"{dt} D{D} N{N} causal={causal}: " + ", ".join(f"{n} {v:.0f}" for n, v in rows[-1]["tflops"].items())
                    + f"; max |ws - wgmma| {diff}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip())
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True).stdout.strip())
     doc = dict(commit=commit, dirty=dirty, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                command="python tools/cuda_forward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               unit="TFLOP/s = 4·B·H·N²·D (x0.5 causal) / do_bench median of the forward alone", rows=rows)
+               timer=args.timer, unit="TFLOP/s = 4·B·H·N²·D (x0.5 causal) / median time of the forward alone ("
+               + ("CUDA-graph replays" if args.timer == "graph" else "do_bench") + ")", rows=rows)
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
     md = [f"# Hopper forward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
           "", f"`{doc['command']}`; {doc['unit']}. wgmma-ws BcxCxS: Bc keys per tile, C consumer warpgroups, "

@@ -474,10 +474,32 @@ def t_hopper_table(R, lang):
     return table(header, out, right=set(range(4, 11)))
 
 
-def t_ncu_profiles(R, lang):
+def t_forward_kernels(R, lang):
+    """The Hopper forward kernels alone (docs/results/cuda/forward_kernels.json): wgmma, wgmma-ws in its library
+    config (launch_specs.WGMMA_WS_CONFIGS), FA2 and cuDNN, and wgmma-ws over wgmma and over cuDNN."""
+    out = []
+    for r in R.json("cuda/forward_kernels.json")["rows"]:
+        t = r["tflops"]
+        ws = t[_ws_name(r["D"])]
+        out.append([SHORT_DTYPE[r["dtype"]], r["D"], r["N"], H(lang, "yes", "是") if r["causal"] else H(lang, "no", "否"),
+                    f0(t["sdpa-flash"]), f0(t["sdpa-cudnn"]), f0(t["wgmma"]), f0(ws), f"{ws / t['wgmma']:.2f}×",
+                    f"{ws / t['sdpa-cudnn']:.2f}×"])
+    header = [H(lang, "dtype", "数据类型"), "D", "N", H(lang, "causal", "因果"), "FA2", "cuDNN", "cuda-wgmma",
+              "cuda-wgmma-ws", H(lang, "ws / wgmma", "ws / wgmma"), H(lang, "ws / cuDNN", "ws / cuDNN")]
+    return table(header, out, right=set(range(4, 10)))
+
+
+def _ws_name(D):
+    """The forward_kernels.json column of wgmma-ws in the library's config for head dim D."""
+    from flash_attention_cuda.launch_specs import WGMMA_WS_CONFIGS
+
+    return "wgmma-ws " + "x".join(map(str, WGMMA_WS_CONFIGS[D]))
+
+
+def t_ncu_profiles(R, lang, path="cuda/ncu/profiles.json"):
     """The Nsight Compute table (docs/results/cuda/ncu/profiles.json): the longest kernel of each profiled call."""
     out = []
-    for p in R.json("cuda/ncu/profiles.json")["profiles"]:
+    for p in R.json(path)["profiles"]:
         if "error" in p:
             continue
         k = max(p["kernels"], key=lambda k: k["time_us"])
@@ -548,6 +570,8 @@ TABLES = {
     "hopper-targets": t_hopper_targets,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
+    "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
+    "forward-kernels": t_forward_kernels,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -566,7 +590,15 @@ def variants_figures(R):
                 and tuple(e["window"]) == (512, 512))
     hop = [r for r in _hopper(R) if r["N"] >= 4096 and r["mode"] == "bwd"]
     tri_hop = _ratio_span(hop, ("triton",), "sdpa-flash")
+    big = [r for r in R.json("cuda/forward_kernels.json")["rows"] if r["N"] >= 4096]
+    ws_cudnn = [r["tflops"][_ws_name(r["D"])] / r["tflops"]["sdpa-cudnn"] for r in big]
+    ws_best = max(r["tflops"][_ws_name(r["D"])] for r in big)
+    hop_fwd = [r for r in _hopper(R) if r["N"] >= 4096 and r["mode"] == "fwd"]
+    ws_hop = _ratio_span(hop_fwd, ("cuda-wgmma-ws",), "sdpa-cudnn")
     return [
+        ("docs/performance.md", f"alone it is {span(ws_cudnn, f2, '×')} cuDNN at N ≥ 4096"),
+        ("docs/performance.md", f"up to {ws_best:.0f} TFLOP/s"),
+        ("docs/performance.md", f"cuda-wgmma-ws is {span(ws_hop, f2, '×')} cuDNN at N ≥ 4096"),
         ("docs/performance.md", f"forward {span(fwd, f2, '×')} FlexAttention for both; backward {span(tri_bwd, f2, '×')} (Triton)"),
         ("docs/performance.md", f"**Dropout** is {span(drop, lambda x: f'{x:.2g}', '×')} of SDPA's"),
         ("docs/performance.md", f"(Triton {span(mqa, f2, '×')} at Hk = 1"),
