@@ -7,7 +7,7 @@
     is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
     has_mma(cc)      compute capability >= 8.0: mma.sync m16n8k16 for fp16 and bf16
     mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
-    auto_forward(D, Nk)                  the forward kernel='auto' runs on a Hopper: wgmma-ws (wgmma at D 64, short Nk)
+    HOPPER_FORWARD                       the forward kernel='auto' runs on a Hopper: 'wgmma-ws'
     auto_backward(dtype, D, cc)          what kernel='auto' runs: wgmma on a Hopper (D > 64), else mma, else tiled
     BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
@@ -26,7 +26,7 @@ from flash_attention_py.validation import FLOAT_DTYPES
 
 __all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "HOPPER",
            "TENSOR_CORE_HEAD_DIMS", "is_hopper",
-           "has_mma", "mma_backward_applies", "auto_forward", "auto_backward", "WGMMA_WS_SHORT_BELOW_NK",
+           "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward",
            "WGMMA_BACKWARD_FASTER_ABOVE", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
@@ -65,13 +65,6 @@ def auto_backward(dtype: str, D: int, cc) -> str:
     if BACKWARD["wgmma"].supports(dtype, D) and is_hopper(cc) and D > WGMMA_BACKWARD_FASTER_ABOVE:
         return "wgmma"
     return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"
-
-
-def auto_forward(D: int, Nk: int) -> str:
-    """The forward kernel='auto' runs on a Hopper (fp16/bf16): 'wgmma-ws' (wgmma_ws.cu), except at D <= 64 with
-    fewer than ``WGMMA_WS_SHORT_BELOW_NK`` keys, where the short K/V loop cannot hide the warp-specialised
-    kernel's set-up and 'wgmma' (wgmma.cu) is faster."""
-    return "wgmma" if D <= 64 and Nk < WGMMA_WS_SHORT_BELOW_NK else "wgmma-ws"
 
 
 def cc_text(cc) -> str:
@@ -161,10 +154,10 @@ BACKWARD = {
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }
-# kernel='auto' on a Hopper runs wgmma-ws, except at D <= 64 with fewer keys than this: there wgmma is faster (H100,
-# B4 H16, fp16/bf16: at N = 1024, D = 64 wgmma-ws reaches 0.7-0.9x wgmma; at N >= 4096 1.1-1.3x; D = 128: 1.3-1.4x
-# at every N. docs/results/cuda/forward_kernels.md, written by tools/cuda_forward_kernels.py)
-WGMMA_WS_SHORT_BELOW_NK = 4096
+# The forward kernel='auto' runs on a Hopper: the warp-specialised wgmma kernel, faster than wgmma.cu at every
+# measured shape (H100, B4 H16, fp16/bf16, D 64 and 128, N 1024..16384, the kernels alone:
+# docs/results/cuda/forward_kernels.md, written by tools/cuda_forward_kernels.py)
+HOPPER_FORWARD = "wgmma-ws"
 # kernel='auto' takes the wgmma backward for D above this (run at D = 128), where it is faster than the mma backward
 # on an H100; at D = 64 it is not (B4 H16 fp16, N = 1024..16384: docs/results/cuda/backward_kernels.md, written by
 # tools/cuda_backward_kernels.py).

@@ -13,7 +13,7 @@ from flash_attention_py.validation import (check_dropout, check_flag, check_qkv,
                                            resolve_softmax_scale, resolve_window)
 
 from . import runtime
-from .capabilities import (BACKWARD, CAPABILITIES, KERNEL_OF, auto_backward, auto_forward, cc_text, has_mma,
+from .capabilities import (BACKWARD, CAPABILITIES, HOPPER_FORWARD, KERNEL_OF, auto_backward, cc_text, has_mma,
                            is_hopper)
 
 RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'
@@ -51,7 +51,7 @@ def _resolve_kernel(q, dims, kernel, fn: str) -> str:
     if kernel == "auto":  # tensor cores where they apply (wgmma-ws on a Hopper GPU, else mma), else tiled
         kernel = "mma" if RUNGS["mma"].supports(dt, dims.D) else "tiled"
         if kernel == "mma" and device_of(q).startswith("cuda") and is_hopper(runtime.device_cc(q)):
-            kernel = auto_forward(dims.D, dims.Nk)  # wgmma-ws, or wgmma for a short loop at D 64
+            kernel = HOPPER_FORWARD
         if not RUNGS[kernel].supports(dt, dims.D):
             raise ValueError(f"{fn}: no kernel takes dtype {dt} with head dim D = {dims.D}; "
                              f"supported: {supported_text()}")

@@ -59,9 +59,8 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         softmax_scale: defaults to 1/sqrt(D).
         kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 128) |
                 'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
-                producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16 on a Hopper GPU:
-                wgmma-ws, or wgmma at D <= 64 with Nk < 4096 (capabilities.auto_forward); elsewhere mma;
-                otherwise tiled). The tensor-core kernels are compiled for D = 64 and 128: another D runs on
+                producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16: wgmma-ws on a
+                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64 and 128: another D runs on
                 copies of q, k, v zero-padded to the next of them (exact; the padded work and one copy).
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
             dropout.

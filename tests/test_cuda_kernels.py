@@ -86,12 +86,19 @@ def test_rung_table():
     assert is_hopper((9, 0)) and is_hopper("90") and not is_hopper((8, 0)) and not is_hopper((10, 0))
 
 
-def test_auto_forward_on_a_hopper():
-    """kernel='auto' on a Hopper: wgmma-ws, except the short K/V loops at D <= 64 (wgmma there)."""
-    from flash_attention_cuda.capabilities import WGMMA_WS_SHORT_BELOW_NK, auto_forward
+def test_auto_forward_on_a_hopper(monkeypatch):
+    """kernel='auto' for fp16/bf16: wgmma-ws on a Hopper, at short and long K/V alike; mma elsewhere; fp32: tiled."""
+    from flash_attention_cuda import checks
+    from flash_attention_py.validation import check_qkv
 
-    assert auto_forward(128, 1) == auto_forward(128, 1024) == auto_forward(64, WGMMA_WS_SHORT_BELOW_NK) == "wgmma-ws"
-    assert auto_forward(64, WGMMA_WS_SHORT_BELOW_NK - 1) == auto_forward(40, 1024) == "wgmma"
+    monkeypatch.setattr(checks, "device_of", lambda x: "cuda:0")
+    for cc, want in (((9, 0), "wgmma-ws"), ((8, 0), "mma")):
+        monkeypatch.setattr(runtime, "device_cc", lambda x, cc=cc: cc)
+        for D, Nk in ((64, 100), (128, 5000), (40, 17)):
+            q, k = torch.randn(1, 2, 33, D, dtype=torch.float16), torch.randn(1, 2, Nk, D, dtype=torch.float16)
+            assert checks._resolve_kernel(q, check_qkv(q, k, k, fn="f"), "auto", "f") == want
+        q = torch.randn(1, 2, 33, 64)
+        assert checks._resolve_kernel(q, check_qkv(q, q, q, fn="f"), "auto", "f") == "tiled"
 
 
 def test_forward_with_config_refuses_bad_configs():
