@@ -455,13 +455,14 @@ def test_every_benchmarked_config(kernel, D, config):
 
 
 @hopper
-def test_auto_picks_wgmma_on_hopper(monkeypatch):
+def test_auto_picks_wgmma_ws_on_hopper(monkeypatch):
+    """kernel='auto' on a Hopper runs the warp-specialised forward (capabilities.HOPPER_FORWARD)."""
     calls = []
     real = launch_specs.run_forward
     monkeypatch.setattr(launch_specs, "run_forward", lambda *a, **kw: calls.append(a[5]) or real(*a, **kw))
     q, k, v, _ = _inputs(1, 2, 64, 64, 64, "float16")
     flash_attn_cuda(q, k, v)
-    assert calls == ["wgmma"]
+    assert calls == ["wgmma-ws"]
 
 
 @gpu
