@@ -24,7 +24,7 @@ from flash_attention_py.validation import array_kind, check_qkv, resolve_lazy, r
 
 from . import launch_specs
 from .checks import (BACKWARD_KERNELS, KERNELS, MAX_GRID_Y, RUNGS, check_backward, check_config,  # noqa: F401
-                     check_forward, check_grid_and_device, supported_text)
+                     check_forward, check_forward_cached, check_grid_and_device, supported_text)
 from .launch_specs import (MMA_CONFIGS, WGMMA_BACKWARD_CONFIGS, WGMMA_CONFIGS,  # noqa: F401  (re-exported)
                            WGMMA_WS_CONFIGS)
 from .runtime import HEADERS, HOPPER_SOURCES, KERNEL_DIR, SOURCES, read_source  # noqa: F401  (re-exported)
@@ -60,8 +60,11 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 128) |
                 'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
                 producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16: wgmma-ws on a
-                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64 and 128: another D runs on
-                copies of q, k, v zero-padded to the next of them (exact; the padded work and one copy).
+                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64 and
+                128: another D runs on copies of q, k, v zero-padded to the next of them (exact; the padded
+                work and one copy).
+        The checks of a call are done once per distinct (shapes, strides, dtypes, devices, arguments) and
+        remembered (checks.check_forward_cached): a loop of identical calls pays them on its first call only.
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
             dropout.
 
@@ -72,7 +75,7 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
     the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
     ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
     """
-    q, k, v, scale, kernel, window, dropout = check_forward(
+    q, k, v, scale, kernel, window, dropout = check_forward_cached(  # the checks, once per distinct call
         q, k, v, causal=causal, softmax_scale=softmax_scale, kernel=kernel, return_lse=return_lse, fn=FN,
         window_size=window_size, dropout_p=dropout_p, dropout_seed=dropout_seed)
     if array_kind(q) == "torch":

@@ -39,18 +39,18 @@ class AttentionDims(NamedTuple):
     D: int
 
 
+_KINDS = {bool: "unknown", int: "unknown", float: "unknown", complex: "unknown", str: "unknown"}  # type -> kind
+
+
 def array_kind(x) -> str:
-    """'numpy', 'torch', 'cupy' or 'unknown' (no import of a library that is not loaded)."""
-    if type(x) in (bool, int, float, complex, str):  # plain scalars (also keeps torch.compile from tracing str ops)
-        return "unknown"
-    mod = type(x).__module__.split(".")[0]
-    if mod == "numpy":
-        return "numpy"
-    if mod == "torch":
-        return "torch"
-    if mod == "cupy":
-        return "cupy"
-    return "unknown"
+    """'numpy', 'torch', 'cupy' or 'unknown' (no import of a library that is not loaded). Answered per type once
+    (it runs several times in every call; plain scalars are answered up front, which also keeps torch.compile
+    from tracing string operations)."""
+    kind = _KINDS.get(type(x))
+    if kind is None:
+        mod = type(x).__module__.split(".")[0]
+        kind = _KINDS[type(x)] = mod if mod in ("numpy", "torch", "cupy") else "unknown"
+    return kind
 
 
 def dtype_name(x) -> str:

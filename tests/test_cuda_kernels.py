@@ -101,6 +101,34 @@ def test_auto_forward_on_a_hopper(monkeypatch):
         assert checks._resolve_kernel(q, check_qkv(q, q, q, fn="f"), "auto", "f") == "tiled"
 
 
+def test_checked_plans_are_cached_by_what_the_checks_read(monkeypatch, recorded_launches):
+    """flash_attn_cuda checks a call once per distinct key and reuses the answer; a different shape, dtype or
+    argument is checked again, bad input is refused every time (never cached), and calls whose checks read the
+    data (|softmax_scale| > 1) or that hold unhashable arguments are checked every time."""
+    from flash_attention_cuda import checks
+
+    monkeypatch.setattr(checks, "device_of", lambda x: "cuda:0")
+    monkeypatch.setattr(checks, "_PLANS", {})
+    seen = []
+    real = checks.check_forward
+    monkeypatch.setattr(checks, "check_forward", lambda *a, **kw: seen.append(a[0].shape) or real(*a, **kw))
+    q = torch.randn(1, 2, 33, 64, dtype=torch.float16)
+    for _ in range(3):
+        flash_attn_cuda(q, q, q, causal=True)
+    assert len(seen) == 1 and len(recorded_launches) == 3
+    flash_attn_cuda(q[:, :, :17], q, q, causal=True)  # another shape
+    flash_attn_cuda(q, q, q, causal=False)  # another argument
+    assert len(seen) == 3
+    with pytest.raises(TypeError, match="causal must be True or False"):  # equal to True, but refused
+        flash_attn_cuda(q, q, q, causal=1)
+    with pytest.raises(TypeError, match="causal must be True or False"):  # and refused again
+        flash_attn_cuda(q, q, q, causal=1)
+    for _ in range(2):
+        flash_attn_cuda(q, q, q, window_size=[3, 0])  # a list: not hashable, checked each time
+        flash_attn_cuda(q, q, q, softmax_scale=2.0)  # |scale| > 1: the range check reads q and k
+    assert len(seen) == 3 + 2 + 4
+
+
 def test_forward_with_config_refuses_bad_configs():
     """The sweeps' entry point checks the config first, then checks as flash_attn_cuda does."""
     q = torch.randn(1, 1, 4, 64, dtype=torch.float16)
