@@ -94,6 +94,13 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FA_D96 FA_D64, FA_D8(64), FA_D8(72), FA_D8(80), FA_D8(88)
+#define FA_R96 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 // SS: d (+)= A * B, A (64x16, K-major) and B (16xN, K-major) in shared memory. accumulate = 0: d = A * B.
 // DA, DB, ACC: operand numbers.
 #define FA_WGMMA_SS(N, AB, REGS, OPS, DA, DB, ACC)                                                   \
@@ -114,11 +121,13 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db,
                                          int accumulate) {
-    static_assert(N == 64 || N == 128, "n64 or n128");
+    static_assert(N == 64 || N == 128 || N == 192, "n64, n128 or n192");
     if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34);
     if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34);
     if constexpr (N == 128 && !BF16) FA_WGMMA_SS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66);
     if constexpr (N == 128 && BF16) FA_WGMMA_SS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66);
+    if constexpr (N == 192 && !BF16) FA_WGMMA_SS(192, ".f16.f16", FA_R96, FA_D96, 96, 97, 98);
+    if constexpr (N == 192 && BF16) FA_WGMMA_SS(192, ".bf16.bf16", FA_R96, FA_D96, 96, 97, 98);
 }
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
