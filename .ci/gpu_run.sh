@@ -13,6 +13,7 @@
 #                                                      # (python -m benchmarks.variants)
 #   bash .ci/gpu_run.sh --out results/gpu kernels      # the Hopper forward and backward kernels alone, every tile
 #                                                      # config, beside FA2 and cuDNN (tools/cuda_*_kernels.py)
+#   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
@@ -76,13 +77,16 @@ for step in "$@"; do
       echo "forward kernels rc=$?"; grep -E "^\|" "$OUT/kernels/forward_kernels.md" | head -n 30
       timeout "${KERNELS_S:-300}" python3 tools/cuda_backward_kernels.py --out "$OUT/kernels" > "$OUT/backward_kernels.log" 2>&1
       echo "backward kernels rc=$?"; grep -E "^\|" "$OUT/kernels/backward_kernels.md" | head -n 20 ;;
+    backward)
+      timeout "${KERNELS_S:-300}" python3 tools/cuda_backward_kernels.py --out "$OUT/kernels" > "$OUT/backward_kernels.log" 2>&1
+      echo "backward kernels rc=$?"; grep -E "^\|" "$OUT/kernels/backward_kernels.md" | head -n 20 ;;
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
       echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | sanitizer | ncu)"; exit 2 ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

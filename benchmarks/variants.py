@@ -17,8 +17,8 @@ and the one SDPA pin (:mod:`benchmarks.targets`):
     dropout         p = 0.1, beside SDPA's FlashAttention-2 kernel (and the others that take dropout)
 
 "ours" are the registry backends named by ``--backends`` that declare the variant (``capabilities.variants``):
-by default Triton and the fastest CUDA rung on a Hopper GPU, cuda-wgmma (whose backward is the tensor-core
-backward that cuda-mma shares); the best PyTorch alternative of a case is the fastest alternative that ran it.
+by default Triton and the fastest CUDA rung on a Hopper GPU, cuda-wgmma-ws (whose backward is the one-kernel
+wgmma backward, ``capabilities.HOPPER_BACKWARD``); the best PyTorch alternative of a case is the fastest alternative that ran it.
 TFLOP/s count the visible scores only (``attention_flops(..., window_size=)``), so the window rows compare
 with full attention's. Outputs of the backends are compared with the first alternative that ran the case
 (max-abs, not for dropout, whose random numbers differ between libraries).
@@ -37,7 +37,7 @@ import sys
 from . import measure, report
 from .targets import FlexTarget, RegistryTarget, SdpaTarget, SDPA_KERNELS, short_reason
 
-OURS = ("triton", "cuda-wgmma")  # Triton and the fastest CUDA rung on a Hopper GPU (--backends adds cuda-mma)
+OURS = ("triton", "cuda-wgmma-ws")  # Triton and the fastest CUDA rung on a Hopper GPU (--backends adds others)
 ALTERNATIVES = {"window": ("flex", "sdpa-cudnn", "sdpa-efficient"),
                 "gqa": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex"),
                 "dropout": ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn")}

@@ -13,12 +13,12 @@ from flash_attention_py.validation import (array_kind, check_dropout, check_flag
                                            resolve_softmax_scale, resolve_window)
 
 from . import runtime
-from .capabilities import (BACKWARD, CAPABILITIES, HOPPER_FORWARD, KERNEL_OF, auto_backward, cc_text, has_mma,
-                           is_hopper)
+from .capabilities import (BACKWARD, CAPABILITIES, HOPPER_FORWARD, KERNEL_OF, TENSOR_CORE_BACKWARDS, auto_backward,
+                           cc_text, has_mma, is_hopper)
 
 RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'
 KERNELS = tuple(RUNGS)
-BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'mma', 'tiled')
+BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'wgmma-fused', 'mma', 'tiled')
 MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 # the fields of a forward tile config, per kernel that takes one (launch_specs.MMA_CONFIGS, WGMMA_CONFIGS)
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups"),
@@ -152,7 +152,7 @@ def check_forward_cached(q, k, v, *, fn: str, **kw):
 def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: str, window_size=FULL, dropout_p=0.0,
                     dropout_seed=None):
     """Every check of a backward call -> (q, k, v, o, do without lazy views, softmax_scale, the backward kernel
-    ('wgmma', 'mma' or 'tiled'; 'auto' resolved by capabilities.auto_backward), window, dropout)."""
+    ('wgmma', 'wgmma-fused', 'mma' or 'tiled'; 'auto' resolved by capabilities.auto_backward), window, dropout)."""
     window = resolve_window(causal, window_size, fn=fn)
     dropout = check_dropout(dropout_p, dropout_seed, fn=fn)
     dims = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"), gqa=True)
@@ -170,7 +170,7 @@ def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: st
     check_grid_and_device(q, dims, fn)
     scale = resolve_softmax_scale(softmax_scale, dims.D, fn=fn)
     cc, dtype = runtime.device_cc(q), dtype_name(q)
-    if kernel in ("wgmma", "mma"):
+    if kernel in TENSOR_CORE_BACKWARDS:
         cap = BACKWARD[kernel]
         able = is_hopper(cc) if cap.hopper_only else has_mma(cc)
         if not (cap.supports(dtype, dims.D) and able):

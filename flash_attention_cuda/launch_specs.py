@@ -12,6 +12,8 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
               mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
               wgmma_bwd_dkdv, wgmma_bwd_dq                       (wgmma_backward.cu, Hopper; Delta from
                                                                  mma_bwd_preprocess)
+              wgmma_bwd_fused, wgmma_bwd_dq_store                (the same file: one kernel, dQ summed
+                                                                 atomically in float32, then stored)
 
 Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
 and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
@@ -40,14 +42,15 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, auto_backward
+from .capabilities import TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, auto_backward
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
            "wgmma_ws_fwd", "MMA_BACKWARD_CONFIG", "WGMMA_BACKWARD_CONFIGS",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
-           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "padded_head_dim", "run_forward", "run_backward",
+           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_dq_store", "dq_accum_shape",
+           "padded_head_dim", "run_forward", "run_backward",
            "run_seed_nomax"]
 
 # mma: (Bc keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
@@ -363,6 +366,35 @@ def wgmma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nq, Br), p.B * p.H), (128 * nwg,), smem, _BWD_IN + ("dQ",), _tc_args(p))
 
 
+@_cached
+def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
+    """wgmma_backward.cu: the one-kernel backward, 2 warpgroups of 64 keys per block (Bc = 128), tiles of 64
+    queries; dQ summed into the float32 dQaccum (zeroed; ``dq_accum_shape``) by the copy engine."""
+    Bc, Br = 128, 64
+    # wgmma_bwd_detail::dkdv_block's carve-up with DQ: sK, sV (Bc, D); sQ, sdO 2 x (Br, D); sdS (Br, Bc), 16-bit;
+    # sdQ (64, D) floats; sL and sDl 2 x Br floats each; + alignment
+    smem = (2 * Bc + 4 * Br) * p.D * 2 + Br * Bc * 2 + 64 * p.D * 4 + 4 * Br * 4 + 1024
+    flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_fused<{p.D}, 2, {Br}, {_bf16(p)}{flags}>",
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (256,), smem, _BWD_IN + ("dK", "dV", "dQaccum"),
+                      _tc_args(p))
+
+
+@_cached
+def wgmma_bwd_dq_store(p: Problem) -> LaunchSpec:
+    """wgmma_backward.cu: dQ = softmax_scale * dQaccum in 16 bits, 4 elements per thread, 256 threads a block."""
+    n = p.B * p.H * p.Nq * p.D
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_dq_store<{p.D}, 2, {_bf16(p)}>", (_cdiv(n, 4 * 256),), (256,),
+                      0, ("dQaccum", "dQ"), (("Nq", np.int32(p.Nq)), ("n", np.int64(n)),
+                                             ("softmax_scale", np.float32(p.scale))))
+
+
+def dq_accum_shape(p: Problem) -> tuple:
+    """wgmma_bwd_fused's float32 dQaccum: (B * Hq, ceil(Nq / 64), 64, D), blocks of 64 query rows (each block laid
+    out as wgmma_backward.cu's DqReduce says)."""
+    return (p.B * p.H, _cdiv(p.Nq, 64), 64, p.D)
+
+
 # ------------------------------------------------------------------------------------ launching (checked inputs)
 def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
     B, H, Nq, D = q.shape
@@ -378,7 +410,7 @@ def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
 def _check_variants(kernel: str, p: Problem, fn: str) -> None:
     """The fp32 kernels (naive, tiled, backward.cu) take the causal mask only: the other variants are refused
     here too, so no launch can ignore them (the public functions refuse them first, with the same table)."""
-    if kernel in TENSOR_CORE_KERNELS:  # forward and backward rungs alike ('mma', 'wgmma')
+    if kernel in TENSOR_CORE_KERNELS + TENSOR_CORE_BACKWARDS:  # forward and backward rungs alike
         return
     used = [name for name, on in (("window_size", tuple(p.window) not in ((-1, -1), (-1, 0))),
                                   ("grouped-query K/V heads", p.kv_heads != p.H), ("dropout_p", p.dropout)) if on]
@@ -432,25 +464,32 @@ def run_seed_nomax(q, k, v, scale: float):
 
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
-    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma' (Hopper) or 'mma' (fp16/bf16, D <= 128: D other
-    than 64 and 128 zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels: other dtypes are
-    converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward).
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma' or 'wgmma-fused' (Hopper) or 'mma' (fp16/bf16,
+    D <= 128: D other than 64 and 128 zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels: other
+    dtypes are converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward). config: the
+    tile config of 'wgmma' or 'mma' (default: their tables).
 
     q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (wgmma, mma): dK, dV (B, Hk, Nk, D) are summed
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma)."""
     if kernel == "auto":
         kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
-    if kernel not in ("wgmma", "mma", "tiled"):
-        raise ValueError(f"run_backward: kernel must be 'wgmma', 'mma', 'tiled' or 'auto', got {kernel!r}")
+    if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'mma', 'tiled' or 'auto', "
+                         f"got {kernel!r}")
+    if config is not None and kernel not in ("wgmma", "mma"):
+        raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
     D = q.shape[-1]
-    tensor_cores = kernel in ("wgmma", "mma")
+    tensor_cores = kernel in TENSOR_CORE_BACKWARDS
     if tensor_cores and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged
         Dp = padded_head_dim(D)
         q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))
         grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
     out_dtype = dtype_name(q)
-    if tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
+    if kernel == "wgmma-fused":  # Delta, then one kernel for dK, dV and (into float32, atomically) dQ, then dQ
+        q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
+        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, wgmma_bwd_fused, wgmma_bwd_dq_store)
+    elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
         as_arg, specs = runtime.ptr, (mma_bwd_preprocess, lambda p: dkdv(p, config), lambda p: dq(p, config))
@@ -463,6 +502,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     grads = dict(dQ=runtime.empty(q, q.shape, p.dtype), dK=runtime.empty(q, k.shape, p.dtype),
                  dV=runtime.empty(q, v.shape, p.dtype))
     arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
+    if kernel == "wgmma-fused":
+        arrays["dQaccum"] = runtime.zeros(q, dq_accum_shape(p), "float32")
     for make in specs:  # D_i first, then dK/dV and dQ (both read D_i)
         runtime.launch(stream, make(p), arrays, as_arg=as_arg)
     dq, dk, dv = grads["dQ"], grads["dK"], grads["dV"]

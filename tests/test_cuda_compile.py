@@ -85,7 +85,10 @@ def test_launcher_configs_are_instantiated_for_nvcc():
               | {f"mma_bwd_preprocess<{D}, {bf}>" for D in (64, 128) for bf in ("false", "true")},
               "wgmma_backward.cu": {f"wgmma_bwd_{kind}<{D}, {nwg}, {tile}, {bf}>"
                                     for D, (nwg, tile) in launcher.WGMMA_BACKWARD_CONFIGS.items()
-                                    for kind in ("dkdv", "dq") for bf in ("false", "true")},
+                                    for kind in ("dkdv", "dq") for bf in ("false", "true")}
+              | {f"wgmma_bwd_fused<{D}, 2, 64, {bf}{flags}>" for D in (64, 128) for bf in ("false", "true")
+                 for flags in ("", ", true", ", false, true", ", true, true")}
+              | {f"wgmma_bwd_dq_store<{D}, 2, {bf}>" for D in (64, 128) for bf in ("false", "true")},
               "backward.cu": {"bwd_dkdv<32, 32>", "bwd_dkdv<64, 32>", "bwd_dkdv<128, 16>",
                               "bwd_dq<32, 32>", "bwd_dq<64, 32>", "bwd_dq<128, 16>"}}
     for source, names in wanted.items():

@@ -23,7 +23,7 @@ from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
-from flash_attention_cuda.capabilities import (CAPABILITIES, WGMMA_BACKWARD_FASTER_ABOVE, cuda_unavailable_reason,
+from flash_attention_cuda.capabilities import (CAPABILITIES, HOPPER_BACKWARD, cuda_unavailable_reason,
                                              hopper_probe, is_hopper)
 
 REASON = cuda_unavailable_reason()
@@ -180,7 +180,8 @@ def _all_specs():
                 out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p), (launch_specs.wgmma_ws_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
-                        (launch_specs.wgmma_bwd_dq(p), p)]
+                        (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
+                        (launch_specs.wgmma_bwd_dq_store(p), p)]
     return out
 
 
@@ -209,7 +210,7 @@ def test_launch_specs_match_the_kernel_signatures():
             assert (int(values["seed_lo"]), int(values["seed_hi"])) == (seed % 2**32, seed >> 32)
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
             n_args = len(spec.name.split("<")[1].split(","))
-            gqa = kernel.endswith("mma_bwd_dkdv") and p.H != (p.Hk or p.H)
+            gqa = kernel.endswith(("mma_bwd_dkdv", "wgmma_bwd_fused")) and p.H != (p.Hk or p.H)
             n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5}.get(kernel, 4)
             assert n_args == n_base + (2 if gqa else p.dropout_p > 0), spec.name
 
@@ -251,8 +252,8 @@ def test_launch_specs_grid_block_smem():
 
 
 def _check_call(call, arrays):
-    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta, which the
-    backward allocates itself, is not among them)."""
+    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta and dQaccum,
+    which the backward allocates itself, are not among them)."""
     kern, grid, block, args, smem = call
     want = _kernel_params(kern.source)[kern.name.split("<")[0]]
     assert len(args) == len(want), kern.name
@@ -263,7 +264,7 @@ def _check_call(call, arrays):
             assert arg[0] == x.data_ptr() and arg[1:3] == ((D, N, B * H), (2 * D, 2 * D * N)), (kern.name, name)
             assert arg[3][0] == 64 and arg[3][2] == 1, (kern.name, name)
         elif kind == "ptr":
-            assert name.lower() == "delta" or arg == arrays[name.lower()].data_ptr(), (kern.name, name)
+            assert name.lower() in ("delta", "dqaccum") or arg == arrays[name.lower()].data_ptr(), (kern.name, name)
         else:
             assert type(arg) is kind, (kern.name, name)
     assert smem <= kern.max_dynamic_shared_size_bytes  # opted in where above 48 KiB
@@ -283,13 +284,16 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         (call,) = recorded_launches
         _check_call(call, dict(q=q, k=k, v=v, o=o, lse=lse))
         recorded_launches.clear()
-        # 'auto' on the recording runtime's Hopper: the wgmma backward for fp16/bf16 at D > 64 (mma at D <= 64),
-        # the fp32 kernels for float32
-        auto = ("bwd" if dtype == "float32" else "wgmma_bwd" if D > WGMMA_BACKWARD_FASTER_ABOVE else "mma_bwd")
-        for bwd_kernel, names in (("auto", ["mma_bwd_preprocess" if dtype != "float32" else "bwd_preprocess",
-                                            f"{auto}_dkdv", f"{auto}_dq"]),
-                                  ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"])):
-            if bwd_kernel == "mma" and dtype == "float32":
+        # 'auto' on the recording runtime's Hopper: the one-kernel wgmma backward for fp16/bf16, the fp32 kernels
+        # for float32
+        assert HOPPER_BACKWARD == "wgmma-fused"
+        auto = (["bwd_preprocess", "bwd_dkdv", "bwd_dq"] if dtype == "float32" else
+                ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"])
+        for bwd_kernel, names in (("auto", auto),
+                                  ("wgmma", ["mma_bwd_preprocess", "wgmma_bwd_dkdv", "wgmma_bwd_dq"]),
+                                  ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"]),
+                                  ("wgmma-fused", ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"])):
+            if bwd_kernel != "auto" and dtype == "float32":
                 continue
             recorded_launches.clear()
             grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, bwd_kernel)
@@ -510,11 +514,12 @@ def test_wgmma_refused_off_hopper(monkeypatch):
 # ------------------------------------------------------------------ the tensor-core backwards (mma_backward.cu,
 # wgmma_backward.cu)
 @gpu
-@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper)])
+@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper),
+                                    pytest.param("wgmma-fused", marks=hopper)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 128, 40])
 def test_tensor_core_backward_matches_reference(kernel, dtype, D):
-    """kernel='mma' and 'wgmma' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
+    """kernel='mma', 'wgmma' and 'wgmma-fused' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
     Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
     runs the D = 64 kernels on zero-padded copies."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
@@ -538,7 +543,7 @@ def test_backward_bad_input():
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
     with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 128"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
-    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, mma, tiled"):
+    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, mma, tiled"):
         flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="fast")
     with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 128 on compute "
                                          r"capability 9\.0"):

@@ -26,6 +26,8 @@ REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 HOPPER_REASON = hopper_probe("cuda")
 WGMMA = pytest.param("wgmma", marks=pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}"))
+WGMMA_FUSED = pytest.param("wgmma-fused", marks=pytest.mark.skipif(HOPPER_REASON is not None,
+                                                                   reason=f"wgmma-fused: {HOPPER_REASON}"))
 WGMMA_WS = pytest.param("wgmma-ws", marks=pytest.mark.skipif(HOPPER_REASON is not None,
                                                               reason=f"wgmma-ws: {HOPPER_REASON}"))
 
@@ -84,7 +86,7 @@ def test_fp32_rungs_refuse_the_variants(kernel, kwargs, what):
                                          r" the variants need kernel 'mma' or 'wgmma'"):
         flash_attn_cuda(q, k, v, kernel=kernel, **kwargs)
     with pytest.raises(ValueError, match=rf"flash_attn_cuda_backward: kernel 'tiled' does not take {what}.*"
-                                         r"need kernel 'wgmma' or 'mma'"):
+                                         r"need kernel 'wgmma' or 'wgmma-fused' or 'mma'"):
         flash_attn_cuda_backward(q, k, v, torch.zeros_like(q), torch.randn(q.shape[:3]), do, kernel="tiled",
                                  **kwargs)
     with pytest.raises(ValueError, match=f"run_forward: kernel '{rung}' does not take"):  # the launch layer too
@@ -198,9 +200,9 @@ def test_forward_variants(kernel, dtype, D, case):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["mma", WGMMA])
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_FUSED])
 def test_backward_variants(kernel, dtype, D, case):
-    """The mma and wgmma backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
+    """The mma, wgmma and wgmma-fused backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
     kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))

@@ -66,6 +66,9 @@ __device__ __forceinline__ float to_f32(unsigned short h) {
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
     return f;
 }
+__device__ __forceinline__ void st_shared_v2(unsigned addr, float a, float b) {  // 8 bytes to shared memory
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^x, 2^-inf = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -1,5 +1,6 @@
 // tma.cuh -- Hopper's bulk tensor copies (TMA), mbarriers, named barriers and register reallocation (sm_90a),
-// for the warp-specialised forward (wgmma_ws.cu).
+// for the warp-specialised forward (wgmma_ws.cu); the bulk reduce-add for the one-kernel backward's dQ
+// (wgmma_backward.cu).
 //
 //   TMA      cp.async.bulk.tensor: one thread asks the copy engine for a whole box of a tensor (here 64 columns x
 //            ROWS rows of one head), described by a 128-byte "tensor map" the host encodes once per tensor
@@ -74,6 +75,22 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+
+// bulk reduce: the copy engine adds `bytes` (a multiple of 16) of float32 from shared memory at src to global
+// memory at dst, element by element, atomically (cp.reduce.async.bulk .add.f32; both 16-byte aligned), tracked
+// in this thread's bulk groups: commit closes a group, wait_read<N> waits until at most N groups still read
+// their shared memory (the buffer may be written again), wait_all until every group is done
+__device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 template <int REGS>
 __device__ __forceinline__ void regs_dec() {

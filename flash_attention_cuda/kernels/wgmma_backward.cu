@@ -32,6 +32,7 @@
 #include "fragments.cuh"
 #include "masks.cuh"
 #include "ptx.cuh"
+#include "tma.cuh"
 #include "wgmma_ops.cuh"
 
 namespace wgmma_bwd_detail {
@@ -68,12 +69,15 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // together once both products are done). Every wgmma reads registers written by ordinary instructions only after
 // a wgmma.fence, and every register a wgmma uses is pinned (wgmma_ops::pin) until the wait that ends it.
 // lse2, delta, mask, row0, col0, drop: as bwd::p_and_ds takes them.
-template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16>
+// dq: the third product of the one-kernel backward (DqAtomic below; NoDq: none): store_ds(da) writes dS to shared
+// memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
+// has been packed by then), add(s) adds the finished product to global memory after the last wait.
+template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq>
 __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2], unsigned sA_s, unsigned sB_s,
                                           unsigned sA_dp, unsigned sB_dp, float (&acc1)[D / 2], unsigned sC1,
                                           float (&acc2)[D / 2], unsigned sC2, const float* lse2, const float* delta,
                                           float scale_log2, const fa::Mask& mask, int row0, int col0,
-                                          const frag::Dropout& drop) {
+                                          const frag::Dropout& drop, const Dq& dq) {
     unsigned pa[R / 16][4], da[R / 16][4];  // P and dS as 16-bit A fragments
     wgmma_fence();
     issue_abt<D, A_ROWS, R, BF16>(s, sA_s, sB_s);     // S  (S^T)
@@ -101,10 +105,12 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         bwd::ds_tile<KEY_ROWS>(frags(dp), frags(s), delta, mask, row0, col0);
     }
     frag::pack_a<R / 8, BF16>(da, frags(dp));
+    dq.store_ds(da);
     pin(acc2);
     pin(da);
     wgmma_fence();
     issue_ab<D, R, BF16>(acc2, da, sC2);  // dK += dS^T Q  (dQ += dS K)
+    dq.issue(s);
     wgmma_wait<0>();
     pin(acc2);
     pin(da);
@@ -112,33 +118,123 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         pin(acc1);
         pin(pa);
     }
+    dq.add(s);
 }
 
-}  // namespace wgmma_bwd_detail
+// The two-kernel backward: no third product (dQ has its own kernel)
+struct NoDq {
+    __device__ __forceinline__ void finish() const {}
+    template <class A>
+    __device__ __forceinline__ void store_ds(const A&) const {}
+    template <class S>
+    __device__ __forceinline__ void issue(S&) const {}
+    template <class S>
+    __device__ __forceinline__ void add(S&) const {}
+};
+
+// The one-kernel backward's third product (FlashAttention-2's Algorithm 2 and FlashAttention-3 compute dQ so):
+//   dQ_i += dS_ij K_j    summed over the K/V tiles j in float32 global memory (dQaccum)
+// for a block of NWG warpgroups of 64 keys each and a tile of Br = 64 queries. dS_ij^T sits in registers as the
+// A fragments of dK's product (rows = keys); dQ needs dS_ij with the queries as rows, so each warpgroup stores
+// its 64 keys' columns of dS_ij (one 64-column panel of a swizzled (Br, Bc) tile) with stmatrix .trans, and
+// after a barrier of the block's warpgroups, warpgroup w computes dQ columns [w NQ, (w + 1) NQ), NQ = D / NWG,
+// of dS_ij (Br x Bc) K_j (Bc x D) with both operands in shared memory, into the registers that held S^T
+// (NQ / 2 floats of the Br / 2 there). The sum over the K/V blocks: the warpgroup writes its 64 x NQ floats to
+// a shared buffer and one thread hands the whole buffer to the copy engine, which adds it into dQaccum
+// (tma::bulk_reduce_add) while the warpgroup goes on: one instruction instead of 64 NQ atomic adds from the
+// threads (faster at D = 64 on an H100; at D = 128 the two are within a few per cent). dQaccum is blocked so that the buffer lands in one
+// contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major with the 16-byte chunks
+// of row r XOR-swizzled by r % 8 (conflict-free stores); wgmma_bwd_dq_store reads it back, times softmax_scale.
+template <int D, int NWG, int Br, bool BF16>
+struct DqReduce {
+    static constexpr int Bc = 64 * NWG, NQ = D / NWG;  // keys per block; dQ columns per warpgroup
+    static constexpr unsigned BUF_BYTES = 64 * NQ * 4;  // a warpgroup's buffer
+    unsigned sdS;    // (Br, Bc) 16-bit, swizzled: panel w = warpgroup w's keys
+    unsigned sK;     // K_j: (Bc, D)
+    unsigned sdQ;    // NWG buffers of 64 x NQ floats
+    float* dq_tile;  // dQaccum's block of the tile (64 x D floats: NWG pieces of 64 x NQ)
+
+    __device__ __forceinline__ void store_ds(const unsigned (&da)[Br / 16][4]) const {
+        // da[kk][m]: keys 16 (warp % 4) + 8 (m % 2) .., queries 16 kk + 8 (m / 2) .. of dS^T (pack_a's order);
+        // lane l gives the address of row l % 8 of matrix l / 8 transposed: query 16 kk + 8 (m / 2) + l % 8,
+        // the 8 keys from 64 wg + 16 (warp % 4) + 8 (m % 2): chunk 8 wg + 2 (warp % 4) + m % 2 of that row
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, m = lane / 8;
+        const int chunk = 8 * (warp / 4) + 2 * (warp % 4) + (m & 1);
+#pragma unroll
+        for (int kk = 0; kk < Br / 16; ++kk)
+            stmatrix_x4_trans(sdS + sw128<Br>(16 * kk + 8 * (m >> 1) + lane % 8, chunk), da[kk]);
+        fence_proxy_async();                      // the stores are visible to the tensor cores ...
+        tma::named_sync(1, NWG * 128);            // ... and every warpgroup's panel is there
+    }
+    __device__ __forceinline__ void issue(float (&s)[Br / 2]) const {
+        const int c0 = (threadIdx.x / 128) * NQ;  // this warpgroup's first dQ column
+        pin(s);
+        wgmma_fence();
+        issue_ab_ss<Br, Bc, NQ, BF16>(reinterpret_cast<float (&)[NQ / 2]>(s), sdS,
+                                      sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);  // dQ_i (64 x NQ) = dS_ij K_j
+    }
+    __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
+        pin(s);
+        const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(s);
+        const int wg = threadIdx.x / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
+        const unsigned buf = sdQ + wg * BUF_BYTES;
+        if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
+        tma::named_sync(2 + wg, 128);                          // ... before any thread writes it
+#pragma unroll
+        for (int n = 0; n < NQ / 8; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (elements 2, 3)
+                const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0);  // c even: one 16-byte chunk
+                st_shared_v2(buf + 4 * (r * NQ + (((c >> 2) ^ (r & 7)) << 2) + (c & 3)), d[n][2 * h],
+                             d[n][2 * h + 1]);
+            }
+        fence_proxy_async();  // the buffer is visible to the copy engine ...
+        tma::named_sync(2 + wg, 128);  // ... once every thread of the warpgroup has written its part
+        if (threadIdx.x % 128 == 0) {
+            tma::bulk_reduce_add(dq_tile + wg * 64 * NQ, buf, BUF_BYTES);  // dQaccum += the 64 x NQ block
+            tma::bulk_commit();
+        }
+    }
+    __device__ __forceinline__ void finish() const {
+        if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last sums are done before the block exits
+    }
+};
+
+// the third product of dkdv_block: DqReduce with DQ, else none
+template <bool DQ, int D, int NWG, int Br, bool BF16>
+__device__ __forceinline__ auto dq_of(unsigned sdS, unsigned sK, unsigned sdQ, float* dq_tile) {
+    if constexpr (DQ)
+        return DqReduce<D, NWG, Br, BF16>{sdS, sK, sdQ, dq_tile};
+    else
+        return NoDq{};
+}
 
 // dK_j, dV_j for one tile of Bc = 64 NWG keys (warpgroup w: keys 64w .. 64w + 63) of K/V head blockIdx.y
 // (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g
 // and for each over the tiles of Br queries that see any of the keys. K_j and V_j stay in shared memory; Q_i,
-// dO_i (and their lse, Delta) stream through two buffers.
-template <int D, int NWG, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
-__global__ void __launch_bounds__(NWG * 128, 1)
-    wgmma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
-                   const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
-                   const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
-                   unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
-                   int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
-    using namespace wgmma_bwd_detail;
+// dO_i (and their lse, Delta) stream through two buffers. DQ: also dQ_i += dS_ij K_j into dQaccum (DqAtomic).
+template <int D, int NWG, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
+__device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                                           const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                                           const float* __restrict__ LSE, const float* __restrict__ Delta,
+                                           unsigned short* __restrict__ dK, unsigned short* __restrict__ dV,
+                                           float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                                           int window_left, int window_right, int group, float dropout_p,
+                                           unsigned seed_lo, unsigned seed_hi) {
     static_assert((D == 64 || D == 128) && (Br == 64 || Br == 128), "D and Br in {64, 128}");
+    static_assert(!DQ || (Br == 64 && NWG == 2), "the one-kernel backward: tiles of 64 queries, 2 warpgroups");
     constexpr int Bc = 64 * NWG, NTHREADS = NWG * 128;
-    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2;
+    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = DQ ? Br * Bc * 2 + 64 * D * 4 : 0;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* smem;
     const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays
     const unsigned sV = sK + KV_BYTES;                   // (Bc, D): stays
     const unsigned sQ = sV + KV_BYTES;                   // 2 x (Br, D): streamed
     const unsigned sdO = sQ + 2 * Q_BYTES;               // 2 x (Br, D): streamed
-    float* sL = reinterpret_cast<float*>(smem + 2 * KV_BYTES + 4 * Q_BYTES);  // 2 x Br: lse in log2 units
-    float* sDl = sL + 2 * Br;                                                 // 2 x Br: Delta
+    const unsigned sdS = sdO + 2 * Q_BYTES;              // (Br, Bc): dS_ij (DQ only)
+    const unsigned sdQ = sdS + Br * Bc * 2;               // (64, D) floats: dQ_i's sums on their way (DQ only)
+    float* sL = reinterpret_cast<float*>(smem + 2 * KV_BYTES + 4 * Q_BYTES + DS_BYTES);  // 2 x Br: lse, log2 units
+    float* sDl = sL + 2 * Br;                                                            // 2 x Br: Delta
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32, wg = warp / 4;
@@ -148,6 +244,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
     const unsigned short *q = Q + bh * Nq * D, *dout = dO + bh * Nq * D;
     const float *lse = LSE + bh * Nq, *delta = Delta + bh * Nq;
+    const int q_blocks = (Nq + 63) / 64;  // dQaccum's blocks of 64 rows per query head
+    float* dq_head = DQ ? dQaccum + bh * q_blocks * 64 * D : nullptr;
     // the Q tiles that hold every query seeing a key of this block; the same for every query head
     const bwd::TileSpan tiles = bwd::q_tiles(mask, k0, k0 + Bc, Br);
 
@@ -163,7 +261,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     cp_async_commit();
 
     float dk[D / 2], dv[D / 2];  // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
-    float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T: 64 keys x Br queries
+    float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T: 64 keys x Br queries (DQ: then dQ_i)
     zero(dk);
     zero(dv);
     zero(s);
@@ -174,26 +272,78 @@ __global__ void __launch_bounds__(NWG * 128, 1)
             const int buf = t & 1, i0 = (tiles.first + t) * Br;
             cp_async_wait<0>();   // tile t has landed (this thread's copies) ...
             fence_proxy_async();  // ... is visible to the tensor cores ...
-            __syncthreads();      // ... and every thread's; every warpgroup is done with tile t - 1's buffer
+            __syncthreads();      // ... and every thread's; every warpgroup is done with tile t - 1's buffers
             if (t + 1 < tiles.count) stream(t + 1, buf ^ 1);  // tile t + 1 loads while tile t is computed
             cp_async_commit();
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
+            const auto dq = dq_of<DQ, D, NWG, Br, BF16>(sdS, sK, sdQ, dq_head + (long long)i0 * D);
             tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,  // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
                                                      dv, db,   // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
                                                      dk, qb,   // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
                                                      sL + buf * Br, sDl + buf * Br, scale_log2, mask, k0 + wkey, i0,
-                                                     drop);
+                                                     drop, dq);  // DQ: dQ_i += dS_ij K_j (atomic adds)
         }
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
         ++bh;  // the next query head of the group
         q += Nq * D, dout += Nq * D, lse += Nq, delta += Nq;
+        if constexpr (DQ) dq_head += q_blocks * 64 * D;
         __syncthreads();  // every warpgroup is done with the last tile's buffer before buffer 0 is refilled
         if (tiles.count > 0) stream(0, 0);
         cp_async_commit();
     }
+    dq_of<DQ, D, NWG, Br, BF16>(sdS, sK, sdQ, dq_head).finish();
     const float softmax_scale = scale_log2 * FA_LN2;
     frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
     frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+}
+
+}  // namespace wgmma_bwd_detail
+
+// The two-kernel backward's dK/dV kernel (dQ: wgmma_bwd_dq); wgmma_bwd_detail::dkdv_block says what a block does.
+template <int D, int NWG, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    wgmma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                   const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                   const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
+                   unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
+                   int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
+    wgmma_bwd_detail::dkdv_block<D, NWG, Br, BF16, DROPOUT, GQA, false>(Q, K, V, dO, LSE, Delta, dK, dV, nullptr, Nq,
+                                                                         Nk, scale_log2, window_left, window_right,
+                                                                         group, dropout_p, seed_lo, seed_hi);
+}
+
+// The one-kernel backward: dK_j, dV_j as wgmma_bwd_dkdv, and every tile's dQ_i += dS_ij K_j added atomically
+// into dQaccum (float32 (B Hq, Nq, D), zeroed by the caller); wgmma_bwd_dq_store then writes dQ. 5 matrix
+// products per tile pair against the two kernels' 7 (S and dP are computed once), at the price of the atomic
+// adds, whose order varies from run to run: dQ is not bitwise reproducible (dK and dV are).
+template <int D, int NWG, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
+__global__ void __launch_bounds__(NWG * 128, 1)
+    wgmma_bwd_fused(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                    const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                    const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
+                    unsigned short* __restrict__ dV, float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                    int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
+                    unsigned seed_hi) {
+    wgmma_bwd_detail::dkdv_block<D, NWG, Br, BF16, DROPOUT, GQA, true>(Q, K, V, dO, LSE, Delta, dK, dV, dQaccum, Nq,
+                                                                        Nk, scale_log2, window_left, window_right,
+                                                                        group, dropout_p, seed_lo, seed_hi);
+}
+
+// dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
+// wgmma_bwd_fused's blocked layout: (B Hq, ceil(Nq / 64), NWG, 64, NQ), NQ = D / NWG, 16-byte chunks swizzled.
+template <int D, int NWG, bool BF16>
+__global__ void wgmma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned short* __restrict__ dQ, int Nq,
+                                   long long n, float softmax_scale) {
+    constexpr int NQ = D / NWG;
+    const long long e = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);  // dQ's element (bh, i, d)
+    if (e >= n) return;
+    const int d = (int)(e % D);
+    const long long row = e / D, bh = row / Nq;
+    const int i = (int)(row % Nq), r = i % 64, w = d / NQ, c = d % NQ;
+    const long long block = (bh * ((Nq + 63) / 64) + i / 64) * NWG + w;
+    const float4 a = *reinterpret_cast<const float4*>(dQaccum + block * 64 * NQ + r * NQ + (((c >> 2) ^ (r & 7)) << 2));
+    *reinterpret_cast<uint2*>(dQ + e) = make_uint2(ptx::pack2<BF16>(a.x * softmax_scale, a.y * softmax_scale),
+                                                   ptx::pack2<BF16>(a.z * softmax_scale, a.w * softmax_scale));
 }
 
 // dQ_i for one tile of Br = 64 NWG queries (warpgroup w: queries 64w .. 64w + 63) of query head blockIdx.y,
@@ -258,7 +408,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
         tile_pair<false, DROPOUT, D, Br, Bc, BF16>(s, dp, sQ_wg, kb, sdO_wg, vb,  // S = Q_w K_j^T, dP = dO_w V_j^T
                                                   dq, 0u,  // (no first product)
                                                   dq, kb,  // dQ_i += dS_ij K_j  (times softmax_scale at the end)
-                                                  lse2, delta_i, scale_log2, mask, q0 + wrow, j0, drop);
+                                                  lse2, delta_i, scale_log2, mask, q0 + wrow, j0, drop, NoDq{});
     }
     frag::store_rows<D, BF16>(dQ + bh * Nq * D, frags(dq), q0 + wrow, Nq, scale_log2 * FA_LN2);  // dQ = scale dS K
 }
@@ -293,6 +443,25 @@ __global__ void __launch_bounds__(NWG * 128, 1)
         const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*,             \
         const float*, const float*, unsigned short*, unsigned short*, int, int, float, int, int, int, float,    \
         unsigned, unsigned);
+#define FA_WGMMA_FUSED_PARAMS                                                                                  \
+    (const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*, const float*, \
+     const float*, unsigned short*, unsigned short*, float*, int, int, float, int, int, int, float, unsigned,    \
+     unsigned)
+#define FA_WGMMA_FUSED_INST(D, BF)                                                              \
+    template __global__ void wgmma_bwd_fused<D, 2, 64, BF> FA_WGMMA_FUSED_PARAMS;               \
+    template __global__ void wgmma_bwd_fused<D, 2, 64, BF, true> FA_WGMMA_FUSED_PARAMS;         \
+    template __global__ void wgmma_bwd_fused<D, 2, 64, BF, false, true> FA_WGMMA_FUSED_PARAMS;  \
+    template __global__ void wgmma_bwd_fused<D, 2, 64, BF, true, true> FA_WGMMA_FUSED_PARAMS;
+#define FA_WGMMA_DQ_STORE_INST(D, BF) \
+    template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float);
+FA_WGMMA_FUSED_INST(64, false)
+FA_WGMMA_FUSED_INST(64, true)
+FA_WGMMA_FUSED_INST(128, false)
+FA_WGMMA_FUSED_INST(128, true)
+FA_WGMMA_DQ_STORE_INST(64, false)
+FA_WGMMA_DQ_STORE_INST(64, true)
+FA_WGMMA_DQ_STORE_INST(128, false)
+FA_WGMMA_DQ_STORE_INST(128, true)
 FA_WGMMA_BWD_INST(64, 2, 64, false)
 FA_WGMMA_BWD_INST(64, 2, 64, true)
 FA_WGMMA_BWD_INST(128, 2, 64, false)

@@ -86,8 +86,10 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
 // mma.sync's C fragments stacked over the 4 warps (warp w of the group holds rows 16w .. 16w + 15).
 #define FA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FA_D32 FA_D8(0), FA_D8(8), FA_D8(16), FA_D8(24)
+#define FA_D16 FA_D8(0), FA_D8(8)
+#define FA_D32 FA_D16, FA_D8(16), FA_D8(24)
 #define FA_D64 FA_D32, FA_D8(32), FA_D8(40), FA_D8(48), FA_D8(56)
+#define FA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
@@ -101,12 +103,13 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
                "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
                "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
-// SS: d (+)= A * B, A (64x16, K-major) and B (16xN, K-major) in shared memory. accumulate = 0: d = A * B.
-// DA, DB, ACC: operand numbers.
-#define FA_WGMMA_SS(N, AB, REGS, OPS, DA, DB, ACC)                                                   \
+// SS: d (+)= A * B, A (64x16, K-major) and B (16xN) in shared memory. accumulate = 0: d = A * B.
+// DA, DB, ACC: operand numbers; TB: imm-trans-b, 0 = B K-major (K, Q: S = Q K^T), 1 = B MN-major (a K or V tile
+// read with its rows as the k index, as issue_ab reads its B: dQ = dS K).
+#define FA_WGMMA_SS(N, AB, REGS, OPS, DA, DB, ACC, TB)                                               \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #ACC ", 0;\n"                                    \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32" AB " " REGS ", %" #DA ", %" #DB       \
-                 ", p, 1, 1, 0, 0;\n}\n"                                                          \
+                 ", p, 1, 1, 0, " #TB ";\n}\n"                                                   \
                  : OPS                                                                                   \
                  : "l"(da), "l"(db), "r"(accumulate))
 // RS: d += A * B, A (64x16) in registers (4 x 2 halves per thread, mma.sync's A layout), B (16xN) in
@@ -122,12 +125,21 @@ template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db,
                                          int accumulate) {
     static_assert(N == 64 || N == 128 || N == 192, "n64, n128 or n192");
-    if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34);
-    if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34);
-    if constexpr (N == 128 && !BF16) FA_WGMMA_SS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66);
-    if constexpr (N == 128 && BF16) FA_WGMMA_SS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66);
-    if constexpr (N == 192 && !BF16) FA_WGMMA_SS(192, ".f16.f16", FA_R96, FA_D96, 96, 97, 98);
-    if constexpr (N == 192 && BF16) FA_WGMMA_SS(192, ".bf16.bf16", FA_R96, FA_D96, 96, 97, 98);
+    if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 0);
+    if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34, 0);
+    if constexpr (N == 128 && !BF16) FA_WGMMA_SS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66, 0);
+    if constexpr (N == 128 && BF16) FA_WGMMA_SS(128, ".bf16.bf16", FA_R64, FA_D64, 64, 65, 66, 0);
+    if constexpr (N == 192 && !BF16) FA_WGMMA_SS(192, ".f16.f16", FA_R96, FA_D96, 96, 97, 98, 0);
+    if constexpr (N == 192 && BF16) FA_WGMMA_SS(192, ".bf16.bf16", FA_R96, FA_D96, 96, 97, 98, 0);
+}
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long long da, unsigned long long db,
+                                            int accumulate) {
+    static_assert(N == 32 || N == 64, "n32 or n64");
+    if constexpr (N == 32 && !BF16) FA_WGMMA_SS(32, ".f16.f16", FA_R16, FA_D16, 16, 17, 18, 1);
+    if constexpr (N == 32 && BF16) FA_WGMMA_SS(32, ".bf16.bf16", FA_R16, FA_D16, 16, 17, 18, 1);
+    if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 1);
+    if constexpr (N == 64 && BF16) FA_WGMMA_SS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34, 1);
 }
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
@@ -163,6 +175,31 @@ __device__ __forceinline__ void issue_ab(float (&d)[D / 2], const unsigned (&a)[
 #pragma unroll
     for (int kk = 0; kk < R / 16; ++kk) wgmma_rs<D, BF16>(d, a[kk], make_desc(sB + kk * 2048, R * 128, 1024));
     wgmma_commit();
+}
+
+// d (64 x N) = A B for a warpgroup, both operands in shared memory: R / 16 k-steps of m64n(N)k16.
+// A: the warpgroup's 64 rows of a (A_ROWS, R) swizzled tile (K-major: its columns are the k index), read as
+// issue_abt reads its A; B: columns [c0, c0 + N) of a (R, D) tile read MN-major as issue_ab reads its B (N <= 64
+// columns inside one 64-column panel; sB_col = the tile's address + panel * R * 128 + (c0 % 64) * 2: the
+// swizzle is a function of the address, so a descriptor may start inside a 128-byte row). Used for
+// dQ += dS K with dS from shared memory. Committed as one group.
+template <int A_ROWS, int R, int N, bool BF16>
+__device__ __forceinline__ void issue_ab_ss(float (&d)[N / 2], unsigned sA_wg, unsigned sB_col) {
+#pragma unroll
+    for (int kk = 0; kk < R / 16; ++kk) {
+        const unsigned long long da = make_desc(sA_wg + (kk / 4) * A_ROWS * 128 + (kk % 4) * 32, 16, 1024);
+        wgmma_ss_tb<N, BF16>(d, da, make_desc(sB_col + kk * 2048, R * 128, 1024), kk > 0);
+    }
+    wgmma_commit();
+}
+
+// stmatrix .trans: the warp's four 8x8 16-bit matrices r[0..3] (mma.sync fragments: lane l holds row l / 4,
+// columns 2 (l % 4), +1 of each), each stored transposed: row j of matrix m in shared memory is column j of
+// r[m], 16 bytes at the address lane 8m + j passes (PTX ISA, "stmatrix"; sm_90)
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 }  // namespace wgmma_ops
