@@ -138,8 +138,8 @@ struct NoDq {
 // A fragments of dK's product (rows = keys); dQ needs dS_ij with the queries as rows, so each warpgroup stores
 // its 64 keys' columns of dS_ij (one 64-column panel of a swizzled (Br, Bc) tile) with stmatrix .trans, and
 // after a barrier of the block's warpgroups, warpgroup w computes dQ columns [w NQ, (w + 1) NQ), NQ = D / NWG,
-// of dS_ij (Br x Bc) K_j (Bc x D) with both operands in shared memory, into the registers that held S^T
-// (NQ / 2 floats of the Br / 2 there). The sum over the K/V blocks: the warpgroup writes its 64 x NQ floats to
+// of dS_ij (Br x Bc) K_j (Bc x D) with both operands in shared memory (into the registers that held S^T at
+// D = 128). The sum over the K/V blocks: the warpgroup writes its 64 x NQ floats to
 // a shared buffer and one thread hands the whole buffer to the copy engine, which adds it into dQaccum
 // (tma::bulk_reduce_add) while the warpgroup goes on: one instruction instead of 64 NQ atomic adds from the
 // threads (faster at D = 64 on an H100; at D = 128 the two are within a few per cent). dQaccum is blocked so that the buffer lands in one
@@ -153,6 +153,15 @@ struct DqReduce {
     unsigned sK;     // K_j: (Bc, D)
     unsigned sdQ;    // NWG buffers of 64 x NQ floats
     float* dq_tile;  // dQaccum's block of the tile (64 x D floats: NWG pieces of 64 x NQ)
+    // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 64) registers of
+    // its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
+    mutable float own[NQ < Br ? NQ / 2 : 1];
+    __device__ __forceinline__ auto acc(float (&s)[Br / 2]) const -> float (&)[NQ / 2] {
+        if constexpr (NQ == Br)
+            return s;
+        else
+            return own;
+    }
 
     __device__ __forceinline__ void store_ds(const unsigned (&da)[Br / 16][4]) const {
         // da[kk][m]: keys 16 (warp % 4) + 8 (m % 2) .., queries 16 kk + 8 (m / 2) .. of dS^T (pack_a's order);
@@ -168,14 +177,13 @@ struct DqReduce {
     }
     __device__ __forceinline__ void issue(float (&s)[Br / 2]) const {
         const int c0 = (threadIdx.x / 128) * NQ;  // this warpgroup's first dQ column
-        pin(s);
+        pin(acc(s));
         wgmma_fence();
-        issue_ab_ss<Br, Bc, NQ, BF16>(reinterpret_cast<float (&)[NQ / 2]>(s), sdS,
-                                      sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);  // dQ_i (64 x NQ) = dS_ij K_j
+        issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS, sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);  // dQ_i = dS_ij K_j
     }
     __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
-        pin(s);
-        const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(s);
+        pin(acc(s));
+        const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(acc(s));
         const int wg = threadIdx.x / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
         const unsigned buf = sdQ + wg * BUF_BYTES;
         if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
