@@ -46,6 +46,10 @@ PROFILES = {
     "cuda-wgmma-ws-fwd-d64": ("cuda-wgmma-ws", "fwd", "float16", 4, 16, 4096, 64, False),
     "cuda-wgmma-ws-fwd-d128": ("cuda-wgmma-ws", "fwd", "float16", 4, 16, 4096, 128, False),
     "cuda-mma-bwd-d128": ("cuda-mma", "bwd", "float16", 4, 16, 4096, 128, False),
+    # cuda-wgmma-ws's backward: the one-kernel wgmma backward (capabilities.HOPPER_BACKWARD)
+    "cuda-wgmma-ws-bwd-d64": ("cuda-wgmma-ws", "bwd", "float16", 4, 16, 4096, 64, False),
+    "cuda-wgmma-ws-bwd-d128": ("cuda-wgmma-ws", "bwd", "float16", 4, 16, 4096, 128, False),
+    "sdpa-cudnn-bwd-d128": ("sdpa-cudnn", "bwd", "float16", 4, 16, 4096, 128, False),
     "triton-fwd-d128": ("triton", "fwd", "float16", 4, 16, 4096, 128, False),
     "triton-bwd-d128": ("triton", "bwd", "float16", 4, 16, 4096, 128, False),
     "sdpa-flash-fwd-d128": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 128, False),
