@@ -35,8 +35,10 @@ PAGES = {"home": "", "notebook_02": NOTEBOOK_PAGE, "zh_home": "zh/"}
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(out), "--execute", "02"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    # a stage of its own: under pytest-xdist each worker running a test of this module builds the site
+    stage = tmp_path_factory.mktemp("site_src")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--out", str(out), "--stage",
+                           str(stage), "--execute", "02"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"tools/build_site.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     print(proc.stdout)
     return out

@@ -15,7 +15,7 @@ copy in ``build/executed_notebooks/`` (written by ``tests/test_notebooks.py`` an
 code cells match the current notebook (the markdown is taken from the current notebook), otherwise execute it when ``--execute`` says so (inline matplotlib
 backend; ``TRITON_INTERPRET=1`` without a GPU), otherwise render it without outputs; (3) copy MathJax
 from the ``jupyter_server_mathjax`` package next to the pages, so the site needs no network; (4) run
-``mkdocs build`` with ``mkdocs.yml`` plus a navigation in learning order (written to ``build/mkdocs.site.yml``).
+``mkdocs build`` with ``mkdocs.yml`` plus a navigation in learning order (written beside the stage: ``build/mkdocs.site_src.yml``).
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def site_config(stage_dir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     if results:
         nav.append({"Recorded results": results})
     cfg.update(nav=nav, docs_dir=str(stage_dir), site_dir=str(out))
-    path = stage_dir.parent / "mkdocs.site.yml"
+    path = stage_dir.parent / f"mkdocs.{stage_dir.name}.yml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True, sort_keys=False), encoding="utf-8")
     return path
 
@@ -185,6 +185,9 @@ def site_config(stage_dir: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "site", help="site folder (default build/site)")
+    ap.add_argument("--stage", type=pathlib.Path, default=STAGE,
+                    help="where docs/ and notebooks/ are staged for mkdocs (default build/site_src); builds that run "
+                         "at the same time need one each")
     ap.add_argument("--execute", default="missing",
                     help="which notebooks to execute: 'missing' (default: those with no up-to-date executed copy), "
                          "'all', 'none', or a comma list of prefixes such as '02,03'")
@@ -192,11 +195,11 @@ def main(argv=None) -> int:
     if not re.fullmatch(r"missing|all|none|\d\d(,\d\d)*", args.execute):
         ap.error(f"--execute: expected missing, all, none or prefixes like 02,03; got {args.execute!r}")
     t0 = time.perf_counter()
-    report = stage(args.execute)
+    report = stage(args.execute, args.stage.resolve())
     for name, how in report.items():
         print(f"{name}: {how}")
     out = args.out.resolve()
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "-q", "-f", str(site_config(STAGE, out))]
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "-q", "-f", str(site_config(args.stage.resolve(), out))]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
