@@ -19,10 +19,12 @@ NVCC = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/bin/nvcc" 
 
 # wgmma.cu holds Hopper-only instructions: it is built for sm_90a alone (the -gencode spelling: with nvcc 13.0
 # "-arch=sm_90a" also runs a plain sm_90 pass, which rejects wgmma).
-# sm_80 builds are in the slow set: the quick subset compiles each file once, for the H100's sm_90, and of the
-# Hopper-only files (sm_90a, ~20 s each) wgmma.cu alone; the full suite compiles all of them
+# sm_80 builds are in the slow set: the quick subset compiles each fp32 file once, for the H100's sm_90, and of
+# the tensor-core files (~25-60 s each) wgmma.cu alone, which includes the headers they share (fragments.cuh,
+# masks.cuh, philox.cuh, ptx.cuh); the full suite compiles all of them
 QUICK_HOPPER = ("wgmma.cu",)
-PAIRS = [pytest.param(s, a, marks=[pytest.mark.slow] if a == "sm_80" else [])
+SLOW_ONLY = ("mma.cu", "mma_backward.cu")
+PAIRS = [pytest.param(s, a, marks=[pytest.mark.slow] if a == "sm_80" or s in SLOW_ONLY else [])
          for s in launcher.SOURCES if s not in launcher.HOPPER_SOURCES for a in ("sm_80", "sm_90")] + \
         [pytest.param(s, "sm_90a", marks=[] if s in QUICK_HOPPER else [pytest.mark.slow])
          for s in launcher.HOPPER_SOURCES]
