@@ -69,7 +69,7 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // together once both products are done). Every wgmma reads registers written by ordinary instructions only after
 // a wgmma.fence, and every register a wgmma uses is pinned (wgmma_ops::pin) until the wait that ends it.
 // lse2, delta, mask, row0, col0, drop: as bwd::p_and_ds takes them.
-// dq: the third product of the one-kernel backward (DqAtomic below; NoDq: none): store_ds(da) writes dS to shared
+// dq: the third product of the one-kernel backward (DqReduce below; NoDq: none): store_ds(da) writes dS to shared
 // memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
 // has been packed by then), add(s) adds the finished product to global memory after the last wait.
 template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq>
@@ -139,12 +139,12 @@ struct NoDq {
 // its 64 keys' columns of dS_ij (one 64-column panel of a swizzled (Br, Bc) tile) with stmatrix .trans, and
 // after a barrier of the block's warpgroups, warpgroup w computes dQ columns [w NQ, (w + 1) NQ), NQ = D / NWG,
 // of dS_ij (Br x Bc) K_j (Bc x D) with both operands in shared memory (into the registers that held S^T at
-// D = 128). The sum over the K/V blocks: the warpgroup writes its 64 x NQ floats to
-// a shared buffer and one thread hands the whole buffer to the copy engine, which adds it into dQaccum
-// (tma::bulk_reduce_add) while the warpgroup goes on: one instruction instead of 64 NQ atomic adds from the
-// threads (faster at D = 64 on an H100; at D = 128 the two are within a few per cent). dQaccum is blocked so that the buffer lands in one
-// contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major with the 16-byte chunks
-// of row r XOR-swizzled by r % 8 (conflict-free stores); wgmma_bwd_dq_store reads it back, times softmax_scale.
+// D = 128). The sum over the K/V blocks: the warpgroup writes its 64 x NQ floats to a shared buffer and one
+// thread hands the whole buffer to the copy engine, which adds it into dQaccum (tma::bulk_reduce_add) while the
+// warpgroup goes on: one instruction instead of 64 NQ atomic adds from the threads. dQaccum is blocked so that
+// the buffer lands in one contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major
+// with the 16-byte chunks of row r XOR-swizzled by r % 8 (a warp's stores spread over the banks);
+// wgmma_bwd_dq_store reads it back, times softmax_scale.
 template <int D, int NWG, int Br, bool BF16>
 struct DqReduce {
     static constexpr int Bc = 64 * NWG, NQ = D / NWG;  // keys per block; dQ columns per warpgroup
@@ -220,7 +220,7 @@ __device__ __forceinline__ auto dq_of(unsigned sdS, unsigned sK, unsigned sdQ, f
 // dK_j, dV_j for one tile of Bc = 64 NWG keys (warpgroup w: keys 64w .. 64w + 63) of K/V head blockIdx.y
 // (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g
 // and for each over the tiles of Br queries that see any of the keys. K_j and V_j stay in shared memory; Q_i,
-// dO_i (and their lse, Delta) stream through two buffers. DQ: also dQ_i += dS_ij K_j into dQaccum (DqAtomic).
+// dO_i (and their lse, Delta) stream through two buffers. DQ: also dQ_i += dS_ij K_j into dQaccum (DqReduce).
 template <int D, int NWG, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
 __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                                            const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
