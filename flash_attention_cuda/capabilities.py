@@ -2,14 +2,15 @@
 
     CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma', 'cuda-wgmma-ws' -> Capability (the forward
                      kernels)
-    BACKWARD         'wgmma', 'wgmma-fused', 'mma', 'tiled' -> Capability (the backward kernels:
-                     wgmma_backward.cu (two kernels, or one with dQ summed atomically), mma_backward.cu, backward.cu)
+    BACKWARD         'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' -> Capability (the backward kernels:
+                     wgmma_backward.cu (two kernels, or one with dQ summed atomically, or that one warp-specialised),
+                     mma_backward.cu, backward.cu)
     TENSOR_CORE_BACKWARDS  the backward kernels on tensor cores (every variant)
     is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
     has_mma(cc)      compute capability >= 8.0: mma.sync m16n8k16 for fp16 and bf16
     mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
     HOPPER_FORWARD                       the forward kernel='auto' runs on a Hopper: 'wgmma-ws'
-    HOPPER_BACKWARD                      the backward kernel='auto' runs on a Hopper: 'wgmma-fused'
+    HOPPER_BACKWARD                      the backward kernel='auto' runs on a Hopper: 'wgmma-ws'
     auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD on a Hopper, else mma, else tiled
     BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
@@ -62,8 +63,8 @@ def mma_backward_applies(dtype: str, D: int, cc) -> bool:
 
 
 def auto_backward(dtype: str, D: int, cc) -> str:
-    """The backward kernel='auto' runs: ``HOPPER_BACKWARD`` ('wgmma-fused', the one-kernel wgmma backward) on a
-    Hopper, else 'mma' where the tensor-core kernels take dtype and D, else 'tiled' (the fp32 kernels)."""
+    """The backward kernel='auto' runs: ``HOPPER_BACKWARD`` ('wgmma-ws', the one-kernel wgmma backward,
+    warp-specialised) on a Hopper, else 'mma' where the tensor-core kernels take dtype and D, else 'tiled' (the fp32 kernels)."""
     if BACKWARD[HOPPER_BACKWARD].supports(dtype, D) and is_hopper(cc):
         return HOPPER_BACKWARD
     return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"
@@ -145,7 +146,7 @@ CAPABILITIES = {
 }
 KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-wgmma-ws' -> 'wgmma-ws', the launcher's kernel=
 TENSOR_CORE_KERNELS = ("mma", "wgmma", "wgmma-ws")  # the forward kernels on tensor cores (fp16/bf16, every variant)
-TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "mma")  # the backward kernels on tensor cores (the same)
+TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "wgmma-ws", "mma")  # the backward kernels on tensor cores (the same)
 
 # The backward kernels: on a Hopper the wgmma kernels (wgmma_backward.cu), elsewhere the mma.sync kernels
 # (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
@@ -156,6 +157,10 @@ BACKWARD = {
     # one kernel: dK, dV and dQ (summed over the K/V tiles with atomic adds; wgmma_backward.cu, wgmma_bwd_fused)
     "wgmma-fused": Capability("cuda-wgmma-fused-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
                               variants=_ALL_VARIANTS, probe=hopper_probe),
+    # the same kernel warp-specialised: a producer warpgroup's copy engine loads, two consumer warpgroups
+    # (wgmma_backward.cu, wgmma_bwd_ws)
+    "wgmma-ws": Capability("cuda-wgmma-ws-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+                           variants=_ALL_VARIANTS, probe=hopper_probe),
     "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=128,
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
@@ -164,10 +169,11 @@ BACKWARD = {
 # measured shape (H100, B4 H16, fp16/bf16, D 64 and 128, N 1024..16384, the kernels alone:
 # docs/results/cuda/forward_kernels.md, written by tools/cuda_forward_kernels.py)
 HOPPER_FORWARD = "wgmma-ws"
-# The backward kernel='auto' runs on a Hopper: the one-kernel wgmma backward, faster than the two-kernel one
-# (1.1-1.3x) and than the mma backward at every measured shape (H100, B4 H16 fp16, D 64 and 128, N 1024..16384,
-# the kernels alone: docs/results/cuda/backward_kernels.md, written by tools/cuda_backward_kernels.py)
-HOPPER_BACKWARD = "wgmma-fused"
+# The backward kernel='auto' runs on a Hopper: the one-kernel wgmma backward, warp-specialised, faster than the
+# same kernel without a producer warpgroup, than the two-kernel one and than the mma backward at every measured
+# shape (H100, B4 H16 fp16, D 64 and 128, N 1024..16384, the kernels alone: docs/results/cuda/backward_kernels.md,
+# written by tools/cuda_backward_kernels.py)
+HOPPER_BACKWARD = "wgmma-ws"
 # The backward a forward rung's autograd runs: the mma rung keeps its own (mma_backward.cu), so the ladder's
 # rungs stay apart in a benchmark; the others take kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
 BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto", "wgmma-ws": "auto"}

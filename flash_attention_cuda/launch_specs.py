@@ -14,6 +14,7 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
                                                                  mma_bwd_preprocess)
               wgmma_bwd_fused, wgmma_bwd_dq_store                (the same file: one kernel, dQ summed
                                                                  atomically in float32, then stored)
+              wgmma_bwd_ws                                       (the one kernel warp-specialised)
 
 Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
 and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
@@ -49,7 +50,8 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
-           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_dq_store", "dq_accum_shape",
+           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_dq_store",
+           "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward",
            "run_seed_nomax"]
 
@@ -380,6 +382,25 @@ def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
                       _tc_args(p))
 
 
+# wgmma_bwd_ws: slots of the ring that streams Q_i, dO_i (with lse and Delta), per head dim
+WGMMA_WS_BACKWARD_STAGES = {64: 2, 128: 2}
+
+
+@_cached
+def wgmma_bwd_ws(p: Problem) -> LaunchSpec:
+    """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
+    warpgroups of 64 keys (Bc = 128), tiles of 64 queries; q, k, v, dO reach it as tensor maps; dQ summed into the
+    float32 dQaccum (zeroed; ``dq_accum_shape``) as in wgmma_bwd_fused."""
+    Bc, Br, stages = 128, 64, WGMMA_WS_BACKWARD_STAGES[p.D]
+    # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ (64, D)
+    # floats; sL and sDl STAGES x Br floats each; the mbarriers (kv_full, q_full and q_empty per stage); + alignment
+    smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + 64 * p.D * 4 + 2 * stages * Br * 4 \
+        + 8 * (1 + 2 * stages) + 1024
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (384,), smem, ("LSE", "Delta", "dK", "dV", "dQaccum"),
+                      _tc_args(p), maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
+
+
 @_cached
 def wgmma_bwd_dq_store(p: Problem) -> LaunchSpec:
     """wgmma_backward.cu: dQ = softmax_scale * dQaccum in 16 bits, 4 elements per thread, 256 threads a block."""
@@ -474,7 +495,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     if kernel == "auto":
         kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
-        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'mma', 'tiled' or 'auto', "
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or 'auto', "
                          f"got {kernel!r}")
     if config is not None and kernel not in ("wgmma", "mma"):
         raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
@@ -486,9 +507,12 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
     out_dtype = dtype_name(q)
-    if kernel == "wgmma-fused":  # Delta, then one kernel for dK, dV and (into float32, atomically) dQ, then dQ
+    if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta, one kernel for dK, dV and (float32, atomically) dQ, then dQ
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
-        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, wgmma_bwd_fused, wgmma_bwd_dq_store)
+        if kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
+            q, k, v, do = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, do))
+        one = wgmma_bwd_ws if kernel == "wgmma-ws" else wgmma_bwd_fused
+        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, one, wgmma_bwd_dq_store)
     elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
@@ -502,7 +526,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     grads = dict(dQ=runtime.empty(q, q.shape, p.dtype), dK=runtime.empty(q, k.shape, p.dtype),
                  dV=runtime.empty(q, v.shape, p.dtype))
     arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
-    if kernel == "wgmma-fused":
+    if kernel in ("wgmma-fused", "wgmma-ws"):
         arrays["dQaccum"] = runtime.zeros(q, dq_accum_shape(p), "float32")
     for make in specs:  # D_i first, then dK/dV and dQ (both read D_i)
         runtime.launch(stream, make(p), arrays, as_arg=as_arg)

@@ -140,17 +140,19 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     (the forward's). The gradients come back in q's dtype, shaped like q, k, v: with grouped-query K/V heads
     (Hq % Hk == 0) dK and dV of a K/V head sum over its group of query heads. causal, window_size, dropout_p
     and dropout_seed: those of the forward call; the dropout mask is drawn again from the seed. The variants
-    beyond causal need a tensor-core kernel ('wgmma-fused', 'wgmma', 'mma', or 'auto' where one applies):
+    beyond causal need a tensor-core kernel ('wgmma-ws', 'wgmma-fused', 'wgmma', 'mma', or 'auto' where one
+    applies):
         {MASK_DIAGRAM}
 
         {VARIANTS}
 
-    kernel: 'wgmma-fused' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: one kernel on warpgroup
-    tensor cores, dQ summed in float32 by the copy engine, so dQ is not bitwise reproducible; wgmma_bwd_fused in
-    kernels/wgmma_backward.cu) | 'wgmma' (the same, two kernels: dK/dV and dQ, deterministic) | 'mma' (fp16/bf16,
-    D <= 128 (padded likewise), compute capability >= 8.0: mma.sync tensor cores, fp32 accumulation,
-    kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32 kernels of
-    kernels/backward.cu run) | 'auto' (wgmma-fused on a Hopper, else mma where it applies, else tiled).
+    kernel: 'wgmma-ws' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: one kernel on warpgroup tensor
+    cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
+    dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
+    without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic) |
+    'mma' (fp16/bf16, D <= 128 (padded likewise), compute capability >= 8.0: mma.sync tensor cores, fp32
+    accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32 kernels of
+    kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper, else mma where it applies, else tiled).
     """
     q, k, v, o, do, scale, kernel, window, dropout = check_backward(
         q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, kernel=kernel, fn="flash_attn_cuda_backward",

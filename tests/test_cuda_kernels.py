@@ -181,7 +181,7 @@ def _all_specs():
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
-                        (launch_specs.wgmma_bwd_dq_store(p), p)]
+                        (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_dq_store(p), p)]
     return out
 
 
@@ -211,7 +211,7 @@ def test_launch_specs_match_the_kernel_signatures():
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
             n_args = len(spec.name.split("<")[1].split(","))
             gqa = kernel.endswith(("mma_bwd_dkdv", "wgmma_bwd_fused")) and p.H != (p.Hk or p.H)
-            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5}.get(kernel, 4)
+            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5, "wgmma_bwd_ws": 3}.get(kernel, 4)
             assert n_args == n_base + (2 if gqa else p.dropout_p > 0), spec.name
 
 
@@ -284,15 +284,16 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         (call,) = recorded_launches
         _check_call(call, dict(q=q, k=k, v=v, o=o, lse=lse))
         recorded_launches.clear()
-        # 'auto' on the recording runtime's Hopper: the one-kernel wgmma backward for fp16/bf16, the fp32 kernels
-        # for float32
-        assert HOPPER_BACKWARD == "wgmma-fused"
+        # 'auto' on the recording runtime's Hopper: the one-kernel wgmma backward, warp-specialised, for
+        # fp16/bf16, the fp32 kernels for float32
+        assert HOPPER_BACKWARD == "wgmma-ws"
         auto = (["bwd_preprocess", "bwd_dkdv", "bwd_dq"] if dtype == "float32" else
-                ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"])
+                ["mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])
         for bwd_kernel, names in (("auto", auto),
                                   ("wgmma", ["mma_bwd_preprocess", "wgmma_bwd_dkdv", "wgmma_bwd_dq"]),
                                   ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"]),
-                                  ("wgmma-fused", ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"])):
+                                  ("wgmma-fused", ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"]),
+                                  ("wgmma-ws", ["mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])):
             if bwd_kernel != "auto" and dtype == "float32":
                 continue
             recorded_launches.clear()
@@ -515,11 +516,11 @@ def test_wgmma_refused_off_hopper(monkeypatch):
 # wgmma_backward.cu)
 @gpu
 @pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper),
-                                    pytest.param("wgmma-fused", marks=hopper)])
+                                    pytest.param("wgmma-fused", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 128, 40])
 def test_tensor_core_backward_matches_reference(kernel, dtype, D):
-    """kernel='mma', 'wgmma' and 'wgmma-fused' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
+    """kernel='mma', 'wgmma', 'wgmma-fused' and 'wgmma-ws' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
     Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
     runs the D = 64 kernels on zero-padded copies."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
@@ -543,7 +544,7 @@ def test_backward_bad_input():
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
     with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 128"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
-    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, mma, tiled"):
+    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, wgmma-ws, mma, tiled"):
         flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="fast")
     with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 128 on compute "
                                          r"capability 9\.0"):

@@ -86,7 +86,7 @@ def test_fp32_rungs_refuse_the_variants(kernel, kwargs, what):
                                          r" the variants need kernel 'mma' or 'wgmma'"):
         flash_attn_cuda(q, k, v, kernel=kernel, **kwargs)
     with pytest.raises(ValueError, match=rf"flash_attn_cuda_backward: kernel 'tiled' does not take {what}.*"
-                                         r"need kernel 'wgmma' or 'wgmma-fused' or 'mma'"):
+                                         r"need kernel 'wgmma' or 'wgmma-fused' or 'wgmma-ws' or 'mma'"):
         flash_attn_cuda_backward(q, k, v, torch.zeros_like(q), torch.randn(q.shape[:3]), do, kernel="tiled",
                                  **kwargs)
     with pytest.raises(ValueError, match=f"run_forward: kernel '{rung}' does not take"):  # the launch layer too
@@ -200,9 +200,9 @@ def test_forward_variants(kernel, dtype, D, case):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_FUSED])
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_FUSED, WGMMA_WS])
 def test_backward_variants(kernel, dtype, D, case):
-    """The mma, wgmma and wgmma-fused backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
+    """The mma, wgmma, wgmma-fused and wgmma-ws backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
     kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))

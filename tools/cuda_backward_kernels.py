@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Time the CUDA tensor-core backwards (mma.sync, wgmma, wgmma-fused) alone, every wgmma tile config, beside FA2 and cuDNN.
+"""Time the CUDA tensor-core backwards (mma.sync, wgmma, wgmma-fused, wgmma-ws) alone, every wgmma tile config, beside FA2 and cuDNN.
 
     PYTHONPATH=. python tools/cuda_backward_kernels.py --out results/backward_kernels      # on a Hopper GPU
 
 For each head dim, N and causal (B4 H16 fp16 by default): the backward kernels alone (``launch_specs.run_backward``:
 Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' and with kernel 'wgmma' for each candidate
-(warpgroups, streamed tile rows), kernel 'wgmma-fused' (one kernel, dQ summed atomically), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
+(warpgroups, streamed tile rows), kernel 'wgmma-fused' (one kernel, dQ summed atomically), kernel 'wgmma-ws' (that kernel
+warp-specialised), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
 one recorded forward). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 2.5 x 4·B·H·N²·D (x0.5
 causal). Writes ``backward_kernels.json`` and ``backward_kernels.md`` into --out. It is the measurement behind
 ``capabilities.HOPPER_BACKWARD`` and ``launch_specs.WGMMA_BACKWARD_CONFIGS``.
@@ -56,8 +57,8 @@ def main(argv=None) -> int:
         for cfg in CANDIDATES.get(D, []):
             ms[f"wgmma {cfg[0]}x{cfg[1]}"] = do_bench(
                 lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma", cfg))
-        ms["wgmma-fused"] = do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale,
-                                                                      "wgmma-fused"))
+        for one in ("wgmma-fused", "wgmma-ws"):
+            ms[one] = do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, one))
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
             with sdpa_kernel(backend):

@@ -5,7 +5,7 @@
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma and, on Hopper,
-wgmma and wgmma-fused) at small odd shapes: N = 100 (and Nq != Nk),
+wgmma, wgmma-fused and wgmma-ws) at small odd shapes: N = 100 (and Nq != Nk),
 D = 64 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query heads,
 dropout) on the tensor-core rungs, forward and backward. Exit status 0 only if every tool reports
 0 errors. Needs a GPU.
@@ -61,7 +61,8 @@ def inner() -> int:
                     n += 1
                     if kernel != "naive":  # the backward kernels once per (case, dtype): mma's, wgmma's, fp32's
                         bwd = kernel if kernel in ("mma", "wgmma") else "auto"
-                        for b in (bwd, "wgmma-fused") if kernel == "wgmma" else (bwd,):  # Hopper: both wgmma ones
+                        # Hopper: every wgmma backward
+                        for b in (bwd, "wgmma-fused", "wgmma-ws") if kernel == "wgmma" else (bwd,):
                             flash_attn_cuda_backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, kernel=b)
                             n += 3
         if D <= 128:
@@ -75,9 +76,11 @@ def inner() -> int:
             k, v = (torch.randn(B, Hk, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             kw = dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=2**33 + 1 if p else None)
             o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
-            bwd = "wgmma-fused" if kernel == "wgmma-ws" else kernel  # mma's, and both wgmma backwards
-            flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), kernel=bwd, **kw)
-            n += 4
+            do = torch.randn_like(o)
+            for bwd in ("wgmma-fused", "wgmma-ws") if kernel == "wgmma-ws" else (kernel,):  # mma's, every wgmma one
+                flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
+                n += 3
+            n += 1
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0

@@ -145,7 +145,8 @@ struct NoDq {
 // the buffer lands in one contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major
 // with the 16-byte chunks of row r XOR-swizzled by r % 8 (a warp's stores spread over the banks);
 // wgmma_bwd_dq_store reads it back, times softmax_scale.
-template <int D, int NWG, int Br, bool BF16>
+// FIRST: the block's first thread of the NWG warpgroups (0; wgmma_bwd_ws: 128, after the producer warpgroup).
+template <int D, int NWG, int Br, bool BF16, int FIRST = 0>
 struct DqReduce {
     static constexpr int Bc = 64 * NWG, NQ = D / NWG;  // keys per block; dQ columns per warpgroup
     static constexpr unsigned BUF_BYTES = 64 * NQ * 4;  // a warpgroup's buffer
@@ -167,7 +168,7 @@ struct DqReduce {
         // da[kk][m]: keys 16 (warp % 4) + 8 (m % 2) .., queries 16 kk + 8 (m / 2) .. of dS^T (pack_a's order);
         // lane l gives the address of row l % 8 of matrix l / 8 transposed: query 16 kk + 8 (m / 2) + l % 8,
         // the 8 keys from 64 wg + 16 (warp % 4) + 8 (m % 2): chunk 8 wg + 2 (warp % 4) + m % 2 of that row
-        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, m = lane / 8;
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x - FIRST) / 32, m = lane / 8;
         const int chunk = 8 * (warp / 4) + 2 * (warp % 4) + (m & 1);
 #pragma unroll
         for (int kk = 0; kk < Br / 16; ++kk)
@@ -176,7 +177,7 @@ struct DqReduce {
         tma::named_sync(1, NWG * 128);            // ... and every warpgroup's panel is there
     }
     __device__ __forceinline__ void issue(float (&s)[Br / 2]) const {
-        const int c0 = (threadIdx.x / 128) * NQ;  // this warpgroup's first dQ column
+        const int c0 = ((threadIdx.x - FIRST) / 128) * NQ;  // this warpgroup's first dQ column
         pin(acc(s));
         wgmma_fence();
         issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS, sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);  // dQ_i = dS_ij K_j
@@ -184,7 +185,7 @@ struct DqReduce {
     __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
         pin(acc(s));
         const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(acc(s));
-        const int wg = threadIdx.x / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
+        const int wg = (threadIdx.x - FIRST) / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
         const unsigned buf = sdQ + wg * BUF_BYTES;
         if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
         tma::named_sync(2 + wg, 128);                          // ... before any thread writes it
@@ -337,6 +338,141 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                                                                         group, dropout_p, seed_lo, seed_hi);
 }
 
+// The one-kernel backward, warp-specialised as the forward of wgmma_ws.cu (and FlashAttention-3's backward):
+// wgmma_bwd_fused's work per block (dK_j, dV_j of Bc = 128 keys, dQ_i += dS_ij K_j summed by the copy engine),
+// with the block split by role so that the compute warps never issue a copy nor meet at a block-wide barrier:
+//
+//   warpgroup 0, the PRODUCER   one warp asks the copy engine (TMA) for K_j and V_j once, then for Q_i and dO_i
+//                                of every Q tile (every query head of the group with GQA) into a ring of STAGES
+//                                slots; its 32 lanes put the tile's lse (log2 units) and Delta beside them. It
+//                                waits only for a slot to be empty (q_empty) and completes q_full with its 32
+//                                arrivals and the copy engine's bytes. 24 registers (setmaxnreg.dec).
+//   warpgroups 1, 2, the CONSUMERS   64 keys each, 240 registers; per tile: wait q_full, tile_pair (the five
+//                                products, DqReduce's stores of dS and the bulk sum of dQ), then one arrive per
+//                                warp on q_empty.
+//
+// The two consumer warpgroups still meet once per tile, at DqReduce's barrier before dQ_i's product (each needs
+// the other's 64 columns of dS_ij), and nowhere else: dS_ij alternates between two buffers, so a warpgroup
+// writing tile u + 2's dS cannot overwrite what the other's dQ product of tile u + 1 is still reading (it has
+// passed tile u + 2's barrier, which the other reaches only when it is done with tile u + 1).
+// Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of 64 rows, k and v as (B Hk, Nk, D)
+// with boxes of 128 rows; rows past Nq or Nk come in as zeros.
+// The loop over the group's query heads is compiled in always (group = 1 without GQA): without it, ptxas spills
+// at D = 128 under the consumers' 240 registers, and the kernel is 8 % slower (H100). STAGES = 3 measured the
+// same as 2 (H100, D 64 and 128), and so did handing the dQ sums to a second producer warp (as FlashAttention-3
+// does): the consumers' own bulk reduce-add stays.
+template <int D, int STAGES, bool BF16, bool DROPOUT = false>
+__global__ void __launch_bounds__(384, 1)
+    wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
+                 const __grid_constant__ tma::TmaMap tmV, const __grid_constant__ tma::TmaMap tmdO,
+                 const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
+                 unsigned short* __restrict__ dV, float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                 int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
+                 unsigned seed_hi) {
+    using namespace wgmma_bwd_detail;
+    static_assert(D == 64 || D == 128, "D in {64, 128}");
+    constexpr int NWG = 2, Bc = 128, Br = 64;  // consumer warpgroups, keys per block, queries per Q tile
+    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* smem;
+    const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays
+    const unsigned sV = sK + KV_BYTES;                   // (Bc, D): stays
+    const unsigned sQ = sV + KV_BYTES;                   // STAGES x (Br, D): streamed
+    const unsigned sdO = sQ + STAGES * Q_BYTES;          // STAGES x (Br, D): streamed
+    const unsigned sdS = sdO + STAGES * Q_BYTES;         // 2 x (Br, Bc): dS_ij
+    const unsigned sdQ = sdS + 2 * DS_BYTES;             // (64, D) floats: dQ_i's sums on their way
+    constexpr unsigned ROWS_OFF = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES + 64 * D * 4;
+    float* sL = reinterpret_cast<float*>(smem + ROWS_OFF);  // STAGES x Br: lse, log2 units
+    float* sDl = sL + STAGES * Br;                          // STAGES x Br: Delta
+    const unsigned bars = sK + ROWS_OFF + 2 * STAGES * Br * 4;  // the mbarriers, 8 bytes each:
+    const unsigned kv_full = bars;                                                   //   K_j, V_j landed
+    auto q_full = [&](int u) { return bars + 8 * (1 + u % STAGES); };               //   Q tile u's slot filled
+    auto q_empty = [&](int u) { return bars + 8 * (1 + STAGES + u % STAGES); };     //   ... and read by all
+
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int k0 = blockIdx.x * Bc;
+    const long long bkv = blockIdx.y;              // the K/V head: b * Hk + hk
+    const long long bh0 = bkv * group;             // the group's first query head (group 1: bkv)
+    const bwd::TileSpan tiles = bwd::q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
+
+    if (tid == 0) {
+        tma::mbar_init(kv_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            tma::mbar_init(q_full(s), 32);      // the producer warp's lanes (lane 0 with the bytes)
+            tma::mbar_init(q_empty(s), NWG * 4);  // one arrive per consumer warp
+        }
+        tma::fence_barrier_init();
+    }
+    __syncthreads();  // the last block-wide barrier
+
+    if (wg == 0) {
+        // ------------------------------------------------------------------ producer
+        // the block holds 384 x 168 registers; the producer's 128 x (168 - 24) are what the consumers' 256 x
+        // (240 - 168) take (setmaxnreg.inc waits until the registers it asks for are free)
+        tma::regs_dec<24>();
+        if (tid >= 32 || tiles.count == 0) return;  // one warp works
+        const int lane = tid;
+        if (lane == 0) {
+            tma::prefetch_map(tmQ), tma::prefetch_map(tmK), tma::prefetch_map(tmV), tma::prefetch_map(tmdO);
+            tma::mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+            tma::load_tile<Bc, D>(sK, tmK, k0, (int)bkv, kv_full);
+            tma::load_tile<Bc, D>(sV, tmV, k0, (int)bkv, kv_full);
+        }
+        for (int g = 0, u = 0; g < group; ++g)
+            for (int t = 0; t < tiles.count; ++t, ++u) {
+                const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
+                const long long bh = bh0 + g;
+                if (u >= STAGES) tma::mbar_wait(q_empty(u), (u / STAGES - 1) & 1);  // read by every warp
+                for (int r = lane; r < Br; r += 32)
+                    bwd::query_row(sL[slot * Br + r], sDl[slot * Br + r], LSE + bh * Nq, Delta + bh * Nq, i0 + r, Nq);
+                if (lane == 0) {
+                    tma::mbar_arrive_expect_tx(q_full(u), 2 * Q_BYTES);
+                    tma::load_tile<Br, D>(sQ + slot * Q_BYTES, tmQ, i0, (int)bh, q_full(u));
+                    tma::load_tile<Br, D>(sdO + slot * Q_BYTES, tmdO, i0, (int)bh, q_full(u));
+                } else {
+                    tma::mbar_arrive(q_full(u));
+                }
+            }
+        return;
+    }
+    // ---------------------------------------------------------------------- consumers
+    tma::regs_inc<240>();
+    const int cwg = wg - 1, warp = tid / 32 - 4;  // consumer warpgroup (keys 64 cwg ..), consumer warp
+    const bool lane0 = tid % 32 == 0;
+    const int wkey = 64 * cwg + 16 * (warp % 4);   // the warp's first key in the block
+    const unsigned sK_wg = sK + 64 * cwg * 128, sV_wg = sV + 64 * cwg * 128;  // the warpgroup's 64 keys
+    const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
+    float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
+    float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
+    zero(dk);
+    zero(dv);
+    zero(s);
+    zero(dp);
+    if (tiles.count > 0) tma::mbar_wait(kv_full, 0);
+    for (int g = 0, u = 0; g < group; ++g) {
+        const long long bh = bh0 + g;
+        const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
+        float* dq_head = dQaccum + bh * q_blocks * 64 * D;
+        for (int t = 0; t < tiles.count; ++t, ++u) {
+            const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
+            const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
+            tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
+            const DqReduce<D, NWG, Br, BF16, 128> dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D};
+            tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,  // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
+                                                     dv, db,   // dV_j += P_ij^T dO_i
+                                                     dk, qb,   // dK_j += dS_ij^T Q_i
+                                                     sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
+                                                     i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
+            if (lane0) tma::mbar_arrive(q_empty(u));  // this warp is done with the slot
+        }
+    }
+    DqReduce<D, NWG, Br, BF16, 128>{sdS, sK, sdQ, dQaccum}.finish();
+    const float softmax_scale = scale_log2 * FA_LN2;
+    frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
+    frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+}
+
 // dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
 // wgmma_bwd_fused's blocked layout: (B Hq, ceil(Nq / 64), NWG, 64, NQ), NQ = D / NWG, 16-byte chunks swizzled.
 template <int D, int NWG, bool BF16>
@@ -460,12 +596,23 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     template __global__ void wgmma_bwd_fused<D, 2, 64, BF, true> FA_WGMMA_FUSED_PARAMS;         \
     template __global__ void wgmma_bwd_fused<D, 2, 64, BF, false, true> FA_WGMMA_FUSED_PARAMS;  \
     template __global__ void wgmma_bwd_fused<D, 2, 64, BF, true, true> FA_WGMMA_FUSED_PARAMS;
+#define FA_WGMMA_WS_BWD_PARAMS                                                                               \
+    (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
+     const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*, int, \
+     int, float, int, int, int, float, unsigned, unsigned)
+#define FA_WGMMA_WS_BWD_INST(D, ST, BF)                                      \
+    template __global__ void wgmma_bwd_ws<D, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
+    template __global__ void wgmma_bwd_ws<D, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
 #define FA_WGMMA_DQ_STORE_INST(D, BF) \
     template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float);
 FA_WGMMA_FUSED_INST(64, false)
 FA_WGMMA_FUSED_INST(64, true)
 FA_WGMMA_FUSED_INST(128, false)
 FA_WGMMA_FUSED_INST(128, true)
+FA_WGMMA_WS_BWD_INST(64, 2, false)
+FA_WGMMA_WS_BWD_INST(64, 2, true)
+FA_WGMMA_WS_BWD_INST(128, 2, false)
+FA_WGMMA_WS_BWD_INST(128, 2, true)
 FA_WGMMA_DQ_STORE_INST(64, false)
 FA_WGMMA_DQ_STORE_INST(64, true)
 FA_WGMMA_DQ_STORE_INST(128, false)
