@@ -14,7 +14,8 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
                                                                  mma_bwd_preprocess)
               wgmma_bwd_fused, wgmma_bwd_dq_store                (the same file: one kernel, dQ summed
                                                                  atomically in float32, then stored)
-              wgmma_bwd_ws                                       (the one kernel warp-specialised)
+              wgmma_bwd_ws, wgmma_bwd_kv_sum                     (the one kernel warp-specialised; the sum of
+                                                                 its dK, dV parts when it splits query heads)
 
 Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
 and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
@@ -51,7 +52,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
            "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_dq_store",
-           "dq_accum_shape",
+           "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward",
            "run_seed_nomax"]
 
@@ -384,21 +385,50 @@ def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
 
 # wgmma_bwd_ws: slots of the ring that streams Q_i, dO_i (with lse and Delta), per head dim
 WGMMA_WS_BACKWARD_STAGES = {64: 2, 128: 2}
+# wgmma_bwd_ws splits a K/V head's group of query heads over blocks when the blocks of keys alone are fewer than
+# this (about 4 per SM of an H100's 132): MQA and few K/V heads would otherwise leave SMs idle
+WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
+
+
+def ws_backward_splits(p: Problem) -> int:
+    """How many blocks wgmma_bwd_ws gives each (K/V head, tile of keys): 1, or with grouped-query heads and fewer
+    than ``WGMMA_WS_BACKWARD_MIN_BLOCKS`` blocks, enough to reach that many (at most one per query head of the
+    group; no split is left empty)."""
+    blocks = _cdiv(p.Nk, 128) * p.B * p.kv_heads
+    if p.group == 1 or blocks >= WGMMA_WS_BACKWARD_MIN_BLOCKS:
+        return 1
+    per = _cdiv(p.group, min(p.group, _cdiv(WGMMA_WS_BACKWARD_MIN_BLOCKS, blocks)))
+    return _cdiv(p.group, per)
 
 
 @_cached
 def wgmma_bwd_ws(p: Problem) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
     warpgroups of 64 keys (Bc = 128), tiles of 64 queries; q, k, v, dO reach it as tensor maps; dQ summed into the
-    float32 dQaccum (zeroed; ``dq_accum_shape``) as in wgmma_bwd_fused."""
+    float32 dQaccum (zeroed; ``dq_accum_shape``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the
+    partial dK, dV go to the float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
     Bc, Br, stages = 128, 64, WGMMA_WS_BACKWARD_STAGES[p.D]
     # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ (64, D)
     # floats; sL and sDl STAGES x Br floats each; the mbarriers (kv_full, q_full and q_empty per stage); + alignment
     smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + 64 * p.D * 4 + 2 * stages * Br * 4 \
         + 8 * (1 + 2 * stages) + 1024
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
-                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (384,), smem, ("LSE", "Delta", "dK", "dV", "dQaccum"),
-                      _tc_args(p), maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
+                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p), maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
+
+
+def kv_part_shape(p: Problem) -> tuple:
+    """wgmma_bwd_ws's float32 dKVpart when it splits the query heads: (2 (dK, dV), splits, B * Hk, Nk, D)."""
+    return (2, ws_backward_splits(p), p.B * p.kv_heads, p.Nk, p.D)
+
+
+@_cached
+def wgmma_bwd_kv_sum(p: Problem) -> LaunchSpec:
+    """wgmma_backward.cu: dK, dV in 16 bits from wgmma_bwd_ws's parts, 4 elements per thread, 256 threads a block."""
+    n = p.B * p.kv_heads * p.Nk * p.D
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_kv_sum<{_bf16(p)}>", (_cdiv(n, 4 * 256),), (256,), 0,
+                      ("dKVpart", "dK", "dV"), (("splits", np.int32(ws_backward_splits(p))), ("n", np.int64(n)),
+                                                ("softmax_scale", np.float32(p.scale))))
 
 
 @_cached
@@ -528,6 +558,11 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
     if kernel in ("wgmma-fused", "wgmma-ws"):
         arrays["dQaccum"] = runtime.zeros(q, dq_accum_shape(p), "float32")
+    if kernel == "wgmma-ws":  # split query heads: partial dK, dV, then their sum (else dKVpart is not touched)
+        split = ws_backward_splits(p) > 1
+        arrays["dKVpart"] = runtime.empty(q, kv_part_shape(p), "float32") if split else arrays["dQaccum"]
+        if split:
+            specs = specs + (wgmma_bwd_kv_sum,)
     for make in specs:  # D_i first, then dK/dV and dQ (both read D_i)
         runtime.launch(stream, make(p), arrays, as_arg=as_arg)
     dq, dk, dv = grads["dQ"], grads["dK"], grads["dV"]

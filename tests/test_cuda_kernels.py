@@ -181,7 +181,8 @@ def _all_specs():
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
-                        (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_dq_store(p), p)]
+                        (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_dq_store(p), p),
+                        (launch_specs.wgmma_bwd_kv_sum(p), p)]
     return out
 
 
@@ -252,8 +253,8 @@ def test_launch_specs_grid_block_smem():
 
 
 def _check_call(call, arrays):
-    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta and dQaccum,
-    which the backward allocates itself, are not among them)."""
+    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta, dQaccum and
+    dKVpart, which the backward allocates itself, are not among them)."""
     kern, grid, block, args, smem = call
     want = _kernel_params(kern.source)[kern.name.split("<")[0]]
     assert len(args) == len(want), kern.name
@@ -264,7 +265,8 @@ def _check_call(call, arrays):
             assert arg[0] == x.data_ptr() and arg[1:3] == ((D, N, B * H), (2 * D, 2 * D * N)), (kern.name, name)
             assert arg[3][0] == 64 and arg[3][2] == 1, (kern.name, name)
         elif kind == "ptr":
-            assert name.lower() in ("delta", "dqaccum") or arg == arrays[name.lower()].data_ptr(), (kern.name, name)
+            assert name.lower() in ("delta", "dqaccum", "dkvpart") or arg == arrays[name.lower()].data_ptr(), \
+                (kern.name, name)
         else:
             assert type(arg) is kind, (kern.name, name)
     assert smem <= kern.max_dynamic_shared_size_bytes  # opted in where above 48 KiB
@@ -303,6 +305,29 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
             for c in recorded_launches:
                 _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
+
+def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
+    """wgmma_bwd_ws gives a (K/V head, tile of keys) several blocks only with grouped-query heads and too few
+    blocks, none empty; then wgmma_bwd_kv_sum adds the float32 parts up."""
+    P = launch_specs.Problem
+    mqa = P(4, 32, 4096, 4096, 128, "float16", 0.1, CAUSAL, 1)  # 32 x 4 = 128 blocks of keys: 4 splits of 8 heads
+    assert launch_specs.ws_backward_splits(mqa) == 4 and launch_specs.wgmma_bwd_ws(mqa).grid == (32, 4, 4)
+    assert launch_specs.ws_backward_splits(mqa._replace(Hk=8)) == 1  # 1024 blocks
+    assert launch_specs.ws_backward_splits(mqa._replace(H=8, Hk=8)) == 1  # no group
+    assert launch_specs.ws_backward_splits(P(1, 6, 70, 70, 64, "float16", 0.1, CAUSAL, 2)) == 3  # one head each
+    assert launch_specs.ws_backward_splits(P(2, 12, 700, 700, 64, "float16", 0.1, CAUSAL, 1)) == 12
+    assert launch_specs.kv_part_shape(mqa) == (2, 4, 4, 4096, 128)
+    x = make_inputs(1, 4, 33, 70, 64, dtype="bfloat16", kind="torch")
+    q, do = x["q"], x["do"]
+    k, v = x["k"][:, :1].contiguous(), x["v"][:, :1].contiguous()  # MQA: one K/V head
+    o, lse = launch_specs.run_forward(q, k, v, CAUSAL, 0.3, "wgmma-ws")
+    recorded_launches.clear()
+    grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "wgmma-ws")
+    assert [c[0].name.split("<")[0] for c in recorded_launches] == [
+        "mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store", "wgmma_bwd_kv_sum"]
+    assert recorded_launches[1][1] == (1, 1, 4)  # the grid: 4 blocks, one query head each
+    for c in recorded_launches:
+        _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
 
 @pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128)])

@@ -139,6 +139,20 @@ __device__ __forceinline__ void store_rows(unsigned short* out, const float (&ac
         }
 }
 
+// The same in float32, unscaled (8-byte stores): a partial sum another kernel adds up (wgmma_bwd_kv_sum).
+template <int D>
+__device__ __forceinline__ void store_rows_f32(float* out, const float (&acc)[D / 8][4], int row0, int N) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + acc_row(2 * h);
+            if (row < N)
+                *reinterpret_cast<float2*>(out + (long long)row * D + acc_col(n, 0)) =
+                    make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+        }
+}
+
 // One step of a double-buffered loop over tiles: put the next iteration's tiles in flight (`prefetch` issues
 // their cp.async, called only when has_next) and wait for this iteration's; then sync, so every warp may read them.
 template <class Prefetch>

@@ -357,6 +357,11 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // passed tile u + 2's barrier, which the other reaches only when it is done with tile u + 1).
 // Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of 64 rows, k and v as (B Hk, Nk, D)
 // with boxes of 128 rows; rows past Nq or Nk come in as zeros.
+// Grid (ceil(Nk / Bc), B Hk, splits). With few K/V heads (MQA: one) there are too few blocks of keys for the
+// SMs, so the group's query heads may be split over gridDim.z = splits blocks, each taking ceil(group / splits)
+// of them; each block then writes its partial dK_j, dV_j in float32 to dKVpart (2, splits, B Hk, Nk, D) and
+// wgmma_bwd_kv_sum adds the parts up (in a fixed order: dK and dV stay bitwise reproducible). splits = 1: dK,
+// dV are written directly and dKVpart is not touched.
 // The loop over the group's query heads is compiled in always (group = 1 without GQA): without it, ptxas spills
 // at D = 128 under the consumers' 240 registers, and the kernel is 8 % slower (H100). STAGES = 3 measured the
 // same as 2 (H100, D 64 and 128), and so did handing the dQ sums to a second producer warp (as FlashAttention-3
@@ -366,9 +371,9 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, const __grid_constant__ tma::TmaMap tmdO,
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
-                 unsigned short* __restrict__ dV, float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
-                 int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
-                 unsigned seed_hi) {
+                 unsigned short* __restrict__ dV, float* __restrict__ dQaccum, float* __restrict__ dKVpart, int Nq,
+                 int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
+                 unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
     static_assert(D == 64 || D == 128, "D in {64, 128}");
     constexpr int NWG = 2, Bc = 128, Br = 64;  // consumer warpgroups, keys per block, queries per Q tile
@@ -393,6 +398,8 @@ __global__ void __launch_bounds__(384, 1)
     const int tid = threadIdx.x, wg = tid / 128;
     const int k0 = blockIdx.x * Bc;
     const long long bkv = blockIdx.y;              // the K/V head: b * Hk + hk
+    const int per = (group + gridDim.z - 1) / gridDim.z;  // query heads per block of the split
+    const int g0 = blockIdx.z * per, g1 = min(group, g0 + per);  // this block's: bkv * group + [g0, g1)
     const long long bh0 = bkv * group;             // the group's first query head (group 1: bkv)
     const bwd::TileSpan tiles = bwd::q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
 
@@ -419,7 +426,7 @@ __global__ void __launch_bounds__(384, 1)
             tma::load_tile<Bc, D>(sK, tmK, k0, (int)bkv, kv_full);
             tma::load_tile<Bc, D>(sV, tmV, k0, (int)bkv, kv_full);
         }
-        for (int g = 0, u = 0; g < group; ++g)
+        for (int g = g0, u = 0; g < g1; ++g)
             for (int t = 0; t < tiles.count; ++t, ++u) {
                 const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
                 const long long bh = bh0 + g;
@@ -450,7 +457,7 @@ __global__ void __launch_bounds__(384, 1)
     zero(s);
     zero(dp);
     if (tiles.count > 0) tma::mbar_wait(kv_full, 0);
-    for (int g = 0, u = 0; g < group; ++g) {
+    for (int g = g0, u = 0; g < g1; ++g) {
         const long long bh = bh0 + g;
         const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
         float* dq_head = dQaccum + bh * q_blocks * 64 * D;
@@ -468,9 +475,34 @@ __global__ void __launch_bounds__(384, 1)
         }
     }
     DqReduce<D, NWG, Br, BF16, 128>{sdS, sK, sdQ, dQaccum}.finish();
-    const float softmax_scale = scale_log2 * FA_LN2;
-    frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
-    frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+    if (gridDim.z == 1) {
+        const float softmax_scale = scale_log2 * FA_LN2;
+        frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
+        frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+    } else {  // this block's part of the sums over the group (softmax_scale applied by wgmma_bwd_kv_sum)
+        const long long part = (long long)gridDim.y * Nk * D;
+        frag::store_rows_f32<D>(dKVpart + blockIdx.z * part + bkv * Nk * D, frags(dk), k0 + wkey, Nk);
+        frag::store_rows_f32<D>(dKVpart + (gridDim.z + blockIdx.z) * part + bkv * Nk * D, frags(dv), k0 + wkey, Nk);
+    }
+}
+
+// dK = softmax_scale * (sum of the splits' parts), dV = (sum of theirs) in 16 bits, from wgmma_bwd_ws's dKVpart
+// (2, splits, B Hk, Nk, D), 4 elements per thread (n = B Hk Nk D), the parts added in order z = 0, 1, ..
+template <bool BF16>
+__global__ void wgmma_bwd_kv_sum(const float* __restrict__ dKVpart, unsigned short* __restrict__ dK,
+                                 unsigned short* __restrict__ dV, int splits, long long n, float softmax_scale) {
+    const long long e = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (e >= n) return;
+    float4 k = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v = k;
+    for (int z = 0; z < splits; ++z) {
+        const float4 a = *reinterpret_cast<const float4*>(dKVpart + z * n + e);
+        const float4 b = *reinterpret_cast<const float4*>(dKVpart + (splits + z) * n + e);
+        k.x += a.x, k.y += a.y, k.z += a.z, k.w += a.w;
+        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    }
+    *reinterpret_cast<uint2*>(dK + e) = make_uint2(ptx::pack2<BF16>(k.x * softmax_scale, k.y * softmax_scale),
+                                                   ptx::pack2<BF16>(k.z * softmax_scale, k.w * softmax_scale));
+    *reinterpret_cast<uint2*>(dV + e) = make_uint2(ptx::pack2<BF16>(v.x, v.y), ptx::pack2<BF16>(v.z, v.w));
 }
 
 // dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
@@ -598,8 +630,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     template __global__ void wgmma_bwd_fused<D, 2, 64, BF, true, true> FA_WGMMA_FUSED_PARAMS;
 #define FA_WGMMA_WS_BWD_PARAMS                                                                               \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
-     const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*, int, \
-     int, float, int, int, int, float, unsigned, unsigned)
+     const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*,   \
+     float*, int, int, float, int, int, int, float, unsigned, unsigned)
 #define FA_WGMMA_WS_BWD_INST(D, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
     template __global__ void wgmma_bwd_ws<D, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
@@ -613,6 +645,8 @@ FA_WGMMA_WS_BWD_INST(64, 2, false)
 FA_WGMMA_WS_BWD_INST(64, 2, true)
 FA_WGMMA_WS_BWD_INST(128, 2, false)
 FA_WGMMA_WS_BWD_INST(128, 2, true)
+template __global__ void wgmma_bwd_kv_sum<false>(const float*, unsigned short*, unsigned short*, int, long long, float);
+template __global__ void wgmma_bwd_kv_sum<true>(const float*, unsigned short*, unsigned short*, int, long long, float);
 FA_WGMMA_DQ_STORE_INST(64, false)
 FA_WGMMA_DQ_STORE_INST(64, true)
 FA_WGMMA_DQ_STORE_INST(128, false)
