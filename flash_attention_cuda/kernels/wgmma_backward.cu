@@ -365,7 +365,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // The loop over the group's query heads is compiled in always (group = 1 without GQA): without it, ptxas spills
 // at D = 128 under the consumers' 240 registers, and the kernel is 8 % slower (H100). STAGES = 3 measured the
 // same as 2 (H100, D 64 and 128), and so did handing the dQ sums to a second producer warp (as FlashAttention-3
-// does): the consumers' own bulk reduce-add stays.
+// does), and, at D = 64, each warpgroup computing all of dQ_i over its own 64 keys (no barrier between the
+// warpgroups, twice the sums): the consumers' own bulk reduce-add of half of dQ_i each stays.
 template <int D, int STAGES, bool BF16, bool DROPOUT = false>
 __global__ void __launch_bounds__(384, 1)
     wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
