@@ -612,6 +612,7 @@ def variants_figures(R):
                                 f"{span(ws_wgmma, f2, '×')} cuda-wgmma at every shape"),
         ("docs/performance.md", f"up to {ws_best:.0f} TFLOP/s"),
         ("docs/performance.md", f"cuda-wgmma-ws is {span(ws_hop, f2, '×')} cuDNN at N ≥ 4096"),
+        ("README.md", f"is {span(ws_hop, f2, '×')} cuDNN's forward at N ≥ 4096"),
         ("docs/performance.md", f"forward {span(ws_fwd, f2, '×')} FlexAttention for {cuda} and {span(tri_fwd, f2, '×')} "
                                 f"for Triton; backward\n  {span(tri_bwd, f2, '×')} (Triton) and {span(cuda_bwd, f2, '×')} "
                                 f"(the CUDA backward"),
@@ -619,6 +620,39 @@ def variants_figures(R):
         ("docs/performance.md", f"(Triton {span(mqa, f2, '×')} at Hk = 1"),
         ("docs/performance.md", f"({w512['time_vs_full']['triton']:.3f} against {w512['visible_fraction']:.3f} at w = 512)"),
         ("docs/performance.md", f"Triton's backward is {span(tri_hop, lambda x: f'{x:.1f}', '×')} FA2 at N ≥ 4096"),
+    ]
+
+
+def backward_kernel_figures(R):
+    """The one-kernel and warp-specialised wgmma backwards in performance.md §7 and backend_cuda.md, from
+    backward_kernels.json (the kernels alone) and hopper_summary.json (beside FA2 and cuDNN)."""
+    rows = R.json("cuda/backward_kernels.json")["rows"]
+
+    def ratio(num, den, D):
+        return span([r["tflops"][num] / r["tflops"][den] for r in rows if r["D"] == D], f2, "×")
+
+    hop = [r for r in _hopper(R) if r["N"] >= 4096 and r["mode"] == "bwd"]
+
+    def vs(D, den):
+        return span(_ratio_span([r for r in hop if r["D"] == D], ("cuda-wgmma-ws",), den), f2, "×")
+
+    def tf(D):
+        return span([r["tflops"]["cuda-wgmma-ws"] for r in hop if r["D"] == D])
+
+    ws_best = max(r["tflops"]["wgmma-ws"] for r in rows)
+    return [
+        ("docs/performance.md", f"{ratio('wgmma-fused', 'wgmma 2x64', 128)} at\nD = 128 and "
+                                f"{ratio('wgmma-fused', 'wgmma 2x64', 64)} at D = 64"),
+        ("docs/performance.md", f"{ratio('wgmma-ws', 'wgmma-fused', 128)} the\none kernel at D = 128 and "
+                                f"{ratio('wgmma-ws', 'wgmma-fused', 64)} at D = 64, up to {ws_best:.0f} TFLOP/s"),
+        ("docs/performance.md", f"is {vs(128, 'sdpa-flash')} FA2 at D = 128 and {vs(64, 'sdpa-flash')} at D = 64 "
+                                f"({tf(128)} and {tf(64)} TFLOP/s), against cuDNN\n{vs(128, 'sdpa-cudnn')} and "
+                                f"{vs(64, 'sdpa-cudnn')}"),
+        ("docs/backend_cuda.md", f"{ratio('wgmma-ws', 'wgmma-fused', 128)} the one kernel at D = 128 and "
+                                 f"{ratio('wgmma-ws', 'wgmma-fused', 64)} at D = 64"),
+        ("README.md", f"{vs(128, 'sdpa-flash')} FA2 at D = 128 and {vs(64, 'sdpa-flash')} at D = 64, N ≥ 4096"),
+        ("docs/backend_cuda.md", f"{vs(128, 'sdpa-flash')} FA2's backward at D = 128 and {vs(64, 'sdpa-flash')} at D = 64 "
+                                 f"(N ≥ 4096), {vs(128, 'sdpa-cudnn')} and {vs(64, 'sdpa-cudnn')} of cuDNN's"),
     ]
 
 
@@ -654,7 +688,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
