@@ -348,8 +348,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 //                                waits only for a slot to be empty (q_empty) and completes q_full with its 32
 //                                arrivals and the copy engine's bytes. 24 registers (setmaxnreg.dec).
 //   warpgroups 1, 2, the CONSUMERS   64 keys each, 240 registers; per tile: wait q_full, tile_pair (the five
-//                                products, DqReduce's stores of dS and the bulk sum of dQ), then one arrive per
-//                                warp on q_empty.
+//                                products, DqReduce's stores of dS and the bulk sum of dQ), then every thread
+//                                arrives on q_empty (the producer's lanes write lse and Delta with ordinary
+//                                stores, so each thread that read them releases its own reads).
 //
 // The two consumer warpgroups still meet once per tile, at DqReduce's barrier before dQ_i's product (each needs
 // the other's 64 columns of dS_ij), and nowhere else: dS_ij alternates between two buffers, so a warpgroup
@@ -408,7 +409,7 @@ __global__ void __launch_bounds__(384, 1)
         tma::mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(q_full(s), 32);      // the producer warp's lanes (lane 0 with the bytes)
-            tma::mbar_init(q_empty(s), NWG * 4);  // one arrive per consumer warp
+            tma::mbar_init(q_empty(s), NWG * 128);  // every consumer thread (each releases its own reads)
         }
         tma::fence_barrier_init();
     }
@@ -447,7 +448,6 @@ __global__ void __launch_bounds__(384, 1)
     // ---------------------------------------------------------------------- consumers
     tma::regs_inc<240>();
     const int cwg = wg - 1, warp = tid / 32 - 4;  // consumer warpgroup (keys 64 cwg ..), consumer warp
-    const bool lane0 = tid % 32 == 0;
     const int wkey = 64 * cwg + 16 * (warp % 4);   // the warp's first key in the block
     const unsigned sK_wg = sK + 64 * cwg * 128, sV_wg = sV + 64 * cwg * 128;  // the warpgroup's 64 keys
     const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(384, 1)
                                                      dk, qb,   // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
                                                      i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
-            if (lane0) tma::mbar_arrive(q_empty(u));  // this warp is done with the slot
+            tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
     }
     DqReduce<D, NWG, Br, BF16, 128>{sdS, sK, sdQ, dQaccum}.finish();
@@ -636,6 +636,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_WS_BWD_INST(D, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
     template __global__ void wgmma_bwd_ws<D, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
+#define FA_WGMMA_KV_SUM_INST(BF) \
+    template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, float);
 #define FA_WGMMA_DQ_STORE_INST(D, BF) \
     template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float);
 FA_WGMMA_FUSED_INST(64, false)
@@ -646,8 +648,8 @@ FA_WGMMA_WS_BWD_INST(64, 2, false)
 FA_WGMMA_WS_BWD_INST(64, 2, true)
 FA_WGMMA_WS_BWD_INST(128, 2, false)
 FA_WGMMA_WS_BWD_INST(128, 2, true)
-template __global__ void wgmma_bwd_kv_sum<false>(const float*, unsigned short*, unsigned short*, int, long long, float);
-template __global__ void wgmma_bwd_kv_sum<true>(const float*, unsigned short*, unsigned short*, int, long long, float);
+FA_WGMMA_KV_SUM_INST(false)
+FA_WGMMA_KV_SUM_INST(true)
 FA_WGMMA_DQ_STORE_INST(64, false)
 FA_WGMMA_DQ_STORE_INST(64, true)
 FA_WGMMA_DQ_STORE_INST(128, false)
