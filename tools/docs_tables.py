@@ -596,8 +596,16 @@ def variants_figures(R):
     cuda_bwd = [e["vs_best_alternative"][cuda] for e in win if e["mode"] == "bwd"]
     drop = [x for e in gd if e["section"] == "dropout" for x in e["vs_best_alternative"].values()]
     mqa = [e["vs_best_alternative"]["triton"] for e in gd if e["section"] == "gqa" and e["mode"] == "bwd" and e["Hk"] == 1]
+    gqa = [e for e in gd if e["section"] == "gqa"]
+    gcuda = _variants_cuda(gqa)
+
+    def gspan(backend, mode, hk=None):
+        return span([e["vs_best_alternative"][backend] for e in gqa if e["mode"] == mode and hk in (None, e["Hk"])],
+                    f2, "×")
     w512 = next(e for e in _variants(R, "window") if e["section"] == "window-scaling" and e["mode"] == "fwd"
                 and tuple(e["window"]) == (512, 512))
+    scal = [e for e in _variants(R, "window") if e["section"] == "window-scaling" and e["mode"] == "bwd"]
+    cuda_b = {tuple(e["window"]) if e["window"] != "full" else "full": e["time_vs_full"][cuda] for e in scal}
     hop = [r for r in _hopper(R) if r["N"] >= 4096 and r["mode"] == "bwd"]
     tri_hop = _ratio_span(hop, ("triton",), "sdpa-flash")
     big = [r for r in R.json("cuda/forward_kernels.json")["rows"] if r["N"] >= 4096]
@@ -618,7 +626,12 @@ def variants_figures(R):
                                 f"(the CUDA backward"),
         ("docs/performance.md", f"**Dropout** is {span(drop, lambda x: f'{x:.2g}', '×')} of SDPA's"),
         ("docs/performance.md", f"(Triton {span(mqa, f2, '×')} at Hk = 1"),
+        ("docs/performance.md", f"Forward: {gcuda} {gspan(gcuda, 'fwd')} of it,\n  Triton {gspan('triton', 'fwd')}"),
+        ("docs/performance.md", f"Backward: Triton {gspan('triton', 'bwd')}."),
+        ("docs/performance.md", f"{gspan(gcuda, 'bwd', 1)} cuDNN at Hk = 1"),
+        ("docs/performance.md", f"and {gspan(gcuda, 'bwd', 8)} at Hk = 8."),
         ("docs/performance.md", f"({w512['time_vs_full']['triton']:.3f} against {w512['visible_fraction']:.3f} at w = 512)"),
+        ("docs/performance.md", f"({cuda_b[(512, 512)]:.3f} at w = 512, {cuda_b[(8192, 8192)]:.3f} at w = 8192)"),
         ("docs/performance.md", f"Triton's backward is {span(tri_hop, lambda x: f'{x:.1f}', '×')} FA2 at N ≥ 4096"),
     ]
 
