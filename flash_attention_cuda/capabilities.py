@@ -64,7 +64,8 @@ def mma_backward_applies(dtype: str, D: int, cc) -> bool:
 
 def auto_backward(dtype: str, D: int, cc) -> str:
     """The backward kernel='auto' runs: ``HOPPER_BACKWARD`` ('wgmma-ws', the one-kernel wgmma backward,
-    warp-specialised) on a Hopper, else 'mma' where the tensor-core kernels take dtype and D, else 'tiled' (the fp32 kernels)."""
+    warp-specialised) on a Hopper, else 'mma' where the tensor-core kernels take dtype and D, else 'tiled' (the
+    fp32 kernels)."""
     if BACKWARD[HOPPER_BACKWARD].supports(dtype, D) and is_hopper(cc):
         return HOPPER_BACKWARD
     return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"

@@ -390,6 +390,7 @@ WGMMA_WS_BACKWARD_STAGES = {64: 2, 128: 2}
 WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
 
 
+@_cached
 def ws_backward_splits(p: Problem) -> int:
     """How many blocks wgmma_bwd_ws gives each (K/V head, tile of keys): 1, or with grouped-query heads and fewer
     than ``WGMMA_WS_BACKWARD_MIN_BLOCKS`` blocks, enough to reach that many (at most one per query head of the
@@ -414,7 +415,8 @@ def wgmma_bwd_ws(p: Problem) -> LaunchSpec:
         + 8 * (1 + 2 * stages) + 1024
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
-                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p), maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
+                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p),
+                      maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
 
 
 def kv_part_shape(p: Problem) -> tuple:
@@ -525,8 +527,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     if kernel == "auto":
         kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
-        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or 'auto', "
-                         f"got {kernel!r}")
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or "
+                         f"'auto', got {kernel!r}")
     if config is not None and kernel not in ("wgmma", "mma"):
         raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
     D = q.shape[-1]

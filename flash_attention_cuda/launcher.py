@@ -151,8 +151,9 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic) |
     'mma' (fp16/bf16, D <= 128 (padded likewise), compute capability >= 8.0: mma.sync tensor cores, fp32
-    accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the fp32 kernels of
-    kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper, else mma where it applies, else tiled).
+    accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
+    fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper, else mma where it applies, else
+    tiled).
     """
     q, k, v, o, do, scale, kernel, window, dropout = check_backward(
         q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, kernel=kernel, fn="flash_attn_cuda_backward",

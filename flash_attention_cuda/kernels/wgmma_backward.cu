@@ -467,9 +467,10 @@ __global__ void __launch_bounds__(384, 1)
             const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
             tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
             const DqReduce<D, NWG, Br, BF16, 128> dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D};
-            tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,  // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
-                                                     dv, db,   // dV_j += P_ij^T dO_i
-                                                     dk, qb,   // dK_j += dS_ij^T Q_i
+            // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
+            tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,
+                                                     dv, db,  // dV_j += P_ij^T dO_i
+                                                     dk, qb,  // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
                                                      i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
             tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
@@ -636,8 +637,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_WS_BWD_INST(D, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
     template __global__ void wgmma_bwd_ws<D, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
-#define FA_WGMMA_KV_SUM_INST(BF) \
-    template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, float);
+#define FA_WGMMA_KV_SUM_INST(BF)                                                                              \
+    template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, \
+                                                  float);
 #define FA_WGMMA_DQ_STORE_INST(D, BF) \
     template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float);
 FA_WGMMA_FUSED_INST(64, false)
