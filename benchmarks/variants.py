@@ -17,7 +17,7 @@ and the one SDPA pin (:mod:`benchmarks.targets`):
     dropout         p = 0.1, beside SDPA's FlashAttention-2 kernel (and the others that take dropout)
 
 "ours" are the registry backends named by ``--backends`` that declare the variant (``capabilities.variants``):
-by default Triton and the fastest CUDA rung on a Hopper GPU, cuda-wgmma-ws (whose backward is the one-kernel
+by default Triton and the fastest CUDA rung on a Hopper GPU, cuda-wgmma-ws (whose backward is the warp-specialised
 wgmma backward, ``capabilities.HOPPER_BACKWARD``); the best PyTorch alternative of a case is the fastest alternative that ran it.
 TFLOP/s count the visible scores only (``attention_flops(..., window_size=)``), so the window rows compare
 with full attention's. Outputs of the backends are compared with the first alternative that ran the case
