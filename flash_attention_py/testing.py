@@ -226,9 +226,15 @@ def _param_id(backend, device, dtype, case, causal, scale) -> str:
     return pid if scale is None else f"{pid}-scale{scale:g}"
 
 
+# the quick subset (pytest -m "not slow") runs the large cases and the non-default scales in a backend's first
+# dtype only; the full suite runs them in every dtype
+LARGE_SCORES = 257 * 257
+
+
 def harness_params(*, need_backward=False):
     """pytest params over (backend, device, dtype, case, causal, softmax_scale), only combinations the backend
-    claims (its capability: devices, dtypes, head dims, backward)."""
+    claims (its capability: devices, dtypes, head dims, backward). Marked ``slow`` (the full suite only): the
+    cases of at least ``LARGE_SCORES`` scores and the non-default scales in every dtype but the backend's first."""
     import pytest
 
     params = []
@@ -238,10 +244,12 @@ def harness_params(*, need_backward=False):
         for device, dtypes in b.dtypes.items():
             cases = [c for c in CASES if c["core"]] if (device == "cpu" and b.slow_on_cpu) else CASES
             cases = [c for c in cases if b.supports_head_dim(c["D"])]
-            for dtype in dtypes:
+            for k, dtype in enumerate(dtypes):
                 for causal in (False, True):
                     for c, scale in case_scales(cases, causal, b.supports_head_dim):
+                        heavy = scale is not None or c["Nq"] * c["Nk"] >= LARGE_SCORES
                         params.append(pytest.param(b, device, dtype, c, causal, scale,
+                                                   marks=[pytest.mark.slow] if k > 0 and heavy else [],
                                                    id=_param_id(b, device, dtype, c, causal, scale)))
     return params
 
