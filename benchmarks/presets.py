@@ -324,7 +324,7 @@ CONFIG_CANDIDATES = {
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "tiles_per_warp"), "wgmma": ("Bc", "warpgroups"),
                  "mma-backward": ("warps", "tile_rows")}
 # where the library keeps its own configs (read, never written): module attribute names, first found wins
-LIBRARY_TABLES = {"mma": ("MMA_CONFIGS",), "wgmma": ("WGMMA_CONFIGS",), "mma-backward": ("MMA_BACKWARD_CONFIG",)}
+LIBRARY_TABLES = {"mma": ("MMA_CONFIGS",), "wgmma": ("WGMMA_CONFIGS",), "mma-backward": ("MMA_BACKWARD_CONFIGS",)}
 
 
 def library_configs(kernels):

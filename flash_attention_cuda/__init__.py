@@ -28,10 +28,10 @@ from .launcher import (KERNELS, RUNGS, SOURCES, flash_attn_cuda, flash_attn_cuda
                        seed_nomax_forward, supported_text)
 
 __all__ = ["flash_attn_cuda", "flash_attn_cuda_backward", "forward_with_config", "seed_nomax_forward", "KERNELS",
-           "RUNGS", "SOURCES", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIG", "supported_text"]
+           "RUNGS", "SOURCES", "MMA_CONFIGS", "WGMMA_CONFIGS", "MMA_BACKWARD_CONFIGS", "supported_text"]
 
 
 def __getattr__(name):
-    if name == "MMA_BACKWARD_CONFIG":  # read where the launches read it (a sweep may rebind it there)
-        return _launch_specs.MMA_BACKWARD_CONFIG
+    if name == "MMA_BACKWARD_CONFIGS":  # read where the launches read it (a sweep may rebind it there)
+        return _launch_specs.MMA_BACKWARD_CONFIGS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

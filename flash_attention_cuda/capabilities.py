@@ -11,7 +11,9 @@
     mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
     HOPPER_FORWARD                       the forward kernel='auto' runs on a Hopper: 'wgmma-ws'
     HOPPER_BACKWARD                      the backward kernel='auto' runs on a Hopper: 'wgmma-ws'
-    auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD on a Hopper, else mma, else tiled
+    auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD on a Hopper (D <= 128), else mma,
+                                         else tiled
+    TENSOR_CORE_HEAD_DIMS, WGMMA_BACKWARD_HEAD_DIMS   the head dims the tensor-core kernels are compiled for
     BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
 
@@ -29,7 +31,7 @@ from flash_attention_py.validation import FLOAT_DTYPES
 
 __all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "TENSOR_CORE_BACKWARDS",
            "HOPPER",
-           "TENSOR_CORE_HEAD_DIMS", "is_hopper",
+           "TENSOR_CORE_HEAD_DIMS", "WGMMA_BACKWARD_HEAD_DIMS", "is_hopper",
            "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward",
            "HOPPER_BACKWARD", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
@@ -64,8 +66,8 @@ def mma_backward_applies(dtype: str, D: int, cc) -> bool:
 
 def auto_backward(dtype: str, D: int, cc) -> str:
     """The backward kernel='auto' runs: ``HOPPER_BACKWARD`` ('wgmma-ws', the one-kernel wgmma backward,
-    warp-specialised) on a Hopper, else 'mma' where the tensor-core kernels take dtype and D, else 'tiled' (the
-    fp32 kernels)."""
+    warp-specialised) on a Hopper where it takes D (<= 128), else 'mma' where the tensor-core kernels take dtype
+    and D (D <= 256), else 'tiled' (the fp32 kernels, D <= 128; the caller checks that the answer takes D)."""
     if BACKWARD[HOPPER_BACKWARD].supports(dtype, D) and is_hopper(cc):
         return HOPPER_BACKWARD
     return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"
@@ -127,21 +129,26 @@ _HALF = {"cuda": ("float16", "bfloat16")}
 # The tensor-core kernels (mma.cu, wgmma.cu, wgmma_ws.cu and the backwards) take every variant: a window, grouped-query K/V
 # heads and dropout; the fp32 kernels (naive.cu, tiled.cu, backward.cu) the causal mask only.
 _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
-# The head dims the tensor-core kernels are compiled for; any other D <= 128 is zero-padded to the next of them
+# The head dims the tensor-core kernels are compiled for; any other D <= 256 is zero-padded to the next of them
 # (launch_specs.padded_head_dim: zero columns leave Q K^T, and so P, unchanged, and give O zero columns that are
-# cut off), at the cost of the padded work and one copy of q, k, v.
-TENSOR_CORE_HEAD_DIMS = (64, 128)
+# cut off), at the cost of the padded work and one copy of q, k, v. The wgmma backwards hold a 64-key tile of
+# dK and dV in registers, 2 x 64 x D fp32 per warpgroup: at D = 256 that is 256 registers a thread, more than a
+# thread has, so they stop at 128 and kernel='auto' runs the mma backward above it (mma_backward.cu splits dK,
+# dV's columns over two blocks there).
+TENSOR_CORE_HEAD_DIMS = (64, 128, 256)
+WGMMA_BACKWARD_HEAD_DIMS = (64, 128)
+_TC_MAX_D, _WGMMA_BWD_MAX_D = TENSOR_CORE_HEAD_DIMS[-1], WGMMA_BACKWARD_HEAD_DIMS[-1]
 
 CAPABILITIES = {
     c.name: c
     for c in (
         Capability("cuda-naive", dtypes=_FP32, max_head_dim=128, probe=cuda_probe),
         Capability("cuda-tiled", dtypes=_FP32, max_head_dim=128, probe=tiled_probe),
-        Capability("cuda-mma", dtypes=_HALF, max_head_dim=128, variants=_ALL_VARIANTS,
+        Capability("cuda-mma", dtypes=_HALF, max_head_dim=_TC_MAX_D, variants=_ALL_VARIANTS,
                    probe=cuda_probe),
-        Capability("cuda-wgmma", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+        Capability("cuda-wgmma", dtypes=_HALF, max_head_dim=_TC_MAX_D, hopper_only=True,
                    variants=_ALL_VARIANTS, probe=hopper_probe),
-        Capability("cuda-wgmma-ws", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+        Capability("cuda-wgmma-ws", dtypes=_HALF, max_head_dim=_TC_MAX_D, hopper_only=True,
                    variants=_ALL_VARIANTS, probe=hopper_probe),
     )
 }
@@ -153,16 +160,16 @@ TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "wgmma-ws", "mma")  # the backw
 # (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
 # are converted to fp32 and back).
 BACKWARD = {
-    "wgmma": Capability("cuda-wgmma-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+    "wgmma": Capability("cuda-wgmma-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
                         variants=_ALL_VARIANTS, probe=hopper_probe),
     # one kernel: dK, dV and dQ (summed over the K/V tiles with atomic adds; wgmma_backward.cu, wgmma_bwd_fused)
-    "wgmma-fused": Capability("cuda-wgmma-fused-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+    "wgmma-fused": Capability("cuda-wgmma-fused-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
                               variants=_ALL_VARIANTS, probe=hopper_probe),
     # the same kernel warp-specialised: a producer warpgroup's copy engine loads, two consumer warpgroups
     # (wgmma_backward.cu, wgmma_bwd_ws)
-    "wgmma-ws": Capability("cuda-wgmma-ws-backward", dtypes=_HALF, max_head_dim=128, hopper_only=True,
+    "wgmma-ws": Capability("cuda-wgmma-ws-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
                            variants=_ALL_VARIANTS, probe=hopper_probe),
-    "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=128,
+    "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=_TC_MAX_D,
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }

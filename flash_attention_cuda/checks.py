@@ -165,8 +165,9 @@ def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: st
     used = _variants_used(window, dims, k, dropout)
     if kernel == "tiled":  # refused before the device is asked (kernel 'auto' is resolved below)
         _check_variants(BACKWARD["tiled"], kernel, used, BACKWARD, fn)
-    if not BACKWARD["tiled"].supports_head_dim(dims.D):
-        raise ValueError(f"{fn}: the backward kernels take {BACKWARD['tiled'].head_dim_text()}, got D = {dims.D}")
+    widest = max(BACKWARD.values(), key=lambda cap: cap.max_head_dim)
+    if not widest.supports_head_dim(dims.D):
+        raise ValueError(f"{fn}: the backward kernels take {widest.head_dim_text()}, got D = {dims.D}")
     check_grid_and_device(q, dims, fn)
     scale = resolve_softmax_scale(softmax_scale, dims.D, fn=fn)
     cc, dtype = runtime.device_cc(q), dtype_name(q)
@@ -180,6 +181,10 @@ def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: st
                              f"compute capability {cc_text(cc)}. Use kernel='auto'")
     elif kernel == "auto":
         kernel = auto_backward(dtype, dims.D, cc)
+        if not BACKWARD[kernel].supports(dtype, dims.D):  # e.g. float32 with D > 128: only 'tiled' takes float32
+            raise ValueError(f"{fn}: no backward kernel takes dtype {dtype} with head dim D = {dims.D} on compute "
+                             f"capability {cc_text(cc)}; the backward kernels take: "
+                             + "; ".join(f"{name}: {cap.text()}" for name, cap in BACKWARD.items()))
     _check_variants(BACKWARD[kernel], kernel, used, BACKWARD, fn)
     return q, k, v, o, do, scale, kernel, window, dropout
 

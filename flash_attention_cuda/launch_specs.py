@@ -28,7 +28,7 @@ default (no dropout code compiled in).
 ``run_forward`` and ``run_backward`` launch them on inputs the launcher has checked already (the custom ops
 of ``library_ops.py`` call them too). Tile configs: ``MMA_CONFIGS``, ``WGMMA_CONFIGS``, ``WGMMA_WS_CONFIGS`` (per
 head dim) and
-``MMA_BACKWARD_CONFIG``, ``WGMMA_BACKWARD_CONFIGS`` (per head dim). A sweep passes its own instead, leaving the tables as they are:
+``MMA_BACKWARD_CONFIGS``, ``WGMMA_BACKWARD_CONFIGS`` (per head dim). A sweep passes its own instead, leaving the tables as they are:
 ``launcher.forward_with_config`` (checked, like ``flash_attn_cuda``) or ``run_backward(..., config=...)``.
 """
 from __future__ import annotations
@@ -44,10 +44,11 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, auto_backward
+from .capabilities import (TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, WGMMA_BACKWARD_HEAD_DIMS,
+                           auto_backward)
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
-           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIG", "WGMMA_BACKWARD_CONFIGS",
+           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "mma_dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
@@ -60,18 +61,24 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
 # A block holds Br = 16 * tiles * warps query rows.
 # Chosen by the config sweep (`python -m benchmarks --preset cuda-ladder --sweep`) on an H100
 # (docs/results/cuda/cuda_ladder.json).
-MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1)}
+# D = 256 (not swept): FlashAttention-2's 64 x 64 tiles of 4 warps; the Q fragments stay in shared memory (the
+# accumulator alone takes 128 registers a thread), 160 KiB of shared memory (an A100 has 164).
+MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
 # wgmma: (Bc keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
-WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2)}
+WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2), 256: (64, 2)}
 # wgmma-ws: (Bc keys per K/V tile, consumer warpgroups, K/V stages); Br = 64 * consumer warpgroups query rows per
 # block, plus one producer warpgroup. Chosen by tools/cuda_forward_kernels.py on an H100
 # (docs/results/cuda/forward_kernels.md): at D = 64 three consumer warpgroups (Br = 192) beat two by 10-15 %.
-WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2)}
+# D = 256: 64-key tiles (an accumulator of 64 x 256 is 128 of a consumer's 240 registers; S_ij and P_ij of 128
+# keys would not fit beside it); shared memory Q 64 KiB + 2 stages of K and V 32 KiB each = 192 KiB.
+WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
 # ... with dropout: two consumer warpgroups (240 registers each; with three, 160 registers spill the Philox rounds)
-WGMMA_WS_DROPOUT_CONFIGS = {64: (128, 2, 2), 128: (128, 2, 2)}
-# mma backward: (warps per block, rows of the tile each kernel loops over): 64 x 64 tiles.
-# Chosen by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`).
-MMA_BACKWARD_CONFIG = (4, 64)
+WGMMA_WS_DROPOUT_CONFIGS = {64: (128, 2, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
+# mma backward: (warps per block, rows of the tile each kernel loops over) per head dim: 64 x 64 tiles, chosen
+# by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`); at D = 256 the looped tiles have
+# 32 rows (shared memory 128 KiB instead of 192) and the dK/dV kernel splits dK, dV's 256 columns over
+# MMA_DKDV_COLUMN_BLOCKS(256) = 2 blocks (mma_backward.cu: 128 columns, as many registers as D = 128 takes).
+MMA_BACKWARD_CONFIGS = {64: (4, 64), 128: (4, 64), 256: (4, 32)}
 # wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
 # keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
 WGMMA_BACKWARD_CONFIGS = {64: (2, 64), 128: (2, 64)}
@@ -317,11 +324,17 @@ def mma_bwd_preprocess(p: Problem) -> LaunchSpec:
                       ("O", "dO", "Delta"), (("rows", np.int64(rows)),))
 
 
+def mma_dkdv_column_blocks(D: int) -> int:
+    """Blocks per K/V tile of mma_bwd_dkdv: each holds DC = min(D, 128) columns of dK and dV (mma_backward.cu)."""
+    return D // 128 if D > 128 else 1
+
+
 @_cached
 def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps keys per block, one block
-    row per K/V head (B * Hk: each block sums dK, dV over its group's query heads)."""
-    nw, tile = config or MMA_BACKWARD_CONFIG
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps keys per block, one block
+    row per K/V head (B * Hk: each block sums dK, dV over its group's query heads); D > 128: each K/V tile's
+    dK, dV columns split over mma_dkdv_column_blocks(D) blocks."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
     Bc = 16 * nw
     # mma_backward.cu, mma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; then
     # sL and sDl 2 x tile floats each (lse and Delta)
@@ -329,13 +342,14 @@ def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     # template flags DROPOUT, GQA (the loop over a K/V head's query heads), each given only when needed
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
     return LaunchSpec("mma_backward.cu", f"mma_bwd_dkdv<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
-                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (32 * nw,), smem, _BWD_IN + ("dK", "dV"), _tc_args(p))
+                      (_cdiv(p.Nk, Bc) * mma_dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
+                      _BWD_IN + ("dK", "dV"), _tc_args(p))
 
 
 @_cached
 def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIG; 16 * warps queries per block."""
-    nw, tile = config or MMA_BACKWARD_CONFIG
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps queries per block."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
     Br = 16 * nw
     # mma_backward.cu, mma_bwd_dq's carve-up: sQ, sdO (Br, D); sK, sV 2 x (tile, D), 16-bit
     smem = (2 * Br + 4 * tile) * p.D * 2
@@ -472,13 +486,14 @@ def _check_variants(kernel: str, p: Problem, fn: str) -> None:
                          f"tensor-core kernels (mma, wgmma, wgmma-ws; backward: wgmma, mma)")
 
 
-def padded_head_dim(D: int) -> int:
-    """The head dim the tensor-core kernels run a problem of head dim D at: the smallest of
-    ``capabilities.TENSOR_CORE_HEAD_DIMS`` that is >= D (D itself when it is one of them)."""
-    for size in TENSOR_CORE_HEAD_DIMS:
+def padded_head_dim(D: int, head_dims: tuple = TENSOR_CORE_HEAD_DIMS) -> int:
+    """The head dim a tensor-core kernel runs a problem of head dim D at: the smallest of ``head_dims`` (the
+    kernel's compiled head dims: ``capabilities.TENSOR_CORE_HEAD_DIMS``, or ``WGMMA_BACKWARD_HEAD_DIMS`` for the
+    wgmma backwards) that is >= D (D itself when it is one of them)."""
+    for size in head_dims:
         if D <= size:
             return size
-    raise ValueError(f"padded_head_dim: the tensor-core kernels take D <= {TENSOR_CORE_HEAD_DIMS[-1]}, got {D}")
+    raise ValueError(f"padded_head_dim: the kernel takes D <= {head_dims[-1]}, got {D}")
 
 
 def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tuple] = None, dropout=(0.0, None)):
@@ -517,8 +532,9 @@ def run_seed_nomax(q, k, v, scale: float):
 
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
-    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma' or 'wgmma-fused' (Hopper) or 'mma' (fp16/bf16,
-    D <= 128: D other than 64 and 128 zero-padded to the next, as in run_forward), 'tiled' (fp32 kernels: other
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma', 'wgmma-fused' or 'wgmma-ws' (Hopper, D <= 128:
+    D other than 64 and 128 zero-padded to the next, as in run_forward), 'mma' (fp16/bf16, D <= 256: padded to
+    64, 128 or 256), 'tiled' (fp32 kernels: other
     dtypes are converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward). config: the
     tile config of 'wgmma' or 'mma' (default: their tables).
 
@@ -533,8 +549,9 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
     D = q.shape[-1]
     tensor_cores = kernel in TENSOR_CORE_BACKWARDS
-    if tensor_cores and padded_head_dim(D) != D:  # zero columns: dO V^T, Delta and dS are unchanged
-        Dp = padded_head_dim(D)
+    dims = TENSOR_CORE_HEAD_DIMS if kernel == "mma" else WGMMA_BACKWARD_HEAD_DIMS
+    if tensor_cores and padded_head_dim(D, dims) != D:  # zero columns: dO V^T, Delta and dS are unchanged
+        Dp = padded_head_dim(D, dims)
         q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))
         grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)

@@ -37,8 +37,8 @@ FN = "flash_attn_cuda"
 
 
 def __getattr__(name):
-    if name == "MMA_BACKWARD_CONFIG":  # the value the launches read (launch_specs.py)
-        return launch_specs.MMA_BACKWARD_CONFIG
+    if name == "MMA_BACKWARD_CONFIGS":  # the value the launches read (launch_specs.py)
+        return launch_specs.MMA_BACKWARD_CONFIGS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -57,11 +57,11 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         The variants beyond causal (a window, Hk < Hq, dropout_p > 0) run on the tensor-core kernels only
         (and the tensor-core backwards); the fp32 kernels 'naive' and 'tiled' refuse them (capabilities.py).
         softmax_scale: defaults to 1/sqrt(D).
-        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 128) |
-                'wgmma' (fp16/bf16, D <= 128, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
+        kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 256) |
+                'wgmma' (fp16/bf16, D <= 256, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
                 producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16: wgmma-ws on a
-                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64 and
-                128: another D runs on copies of q, k, v zero-padded to the next of them (exact; the padded
+                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64, 128
+                and 256: another D runs on copies of q, k, v zero-padded to the next of them (exact; the padded
                 work and one copy).
         The checks of a call are done once per distinct (shapes, strides, dtypes, devices, arguments) and
         remembered (checks.check_forward_cached): a loop of identical calls pays them on its first call only.
@@ -70,8 +70,8 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
 
     Returns O (B, Hq, Nq, D) in q's dtype (and lse (B, Hq, Nq)). A row that sees no key gives O = 0, lse = -inf.
     Differentiable for torch tensors: the backward recomputes from the saved lse, on tensor cores for
-    fp16/bf16 (``kernels/mma_backward.cu``, D padded as in the forward), else with the fp32 kernels (fp16/bf16
-    upcast). D <= 128 for the backward. For torch tensors that need gradients, and under ``torch.compile``,
+    fp16/bf16 (on a Hopper ``wgmma_bwd_ws`` for D <= 128, else ``kernels/mma_backward.cu``; D padded as in the
+    forward), else with the fp32 kernels (fp16/bf16 upcast, D <= 128). For torch tensors that need gradients, and under ``torch.compile``,
     the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
     ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
     """
@@ -150,10 +150,10 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic) |
-    'mma' (fp16/bf16, D <= 128 (padded likewise), compute capability >= 8.0: mma.sync tensor cores, fp32
+    'mma' (fp16/bf16, D <= 256 (padded to 64, 128 or 256), compute capability >= 8.0: mma.sync tensor cores, fp32
     accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
-    fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper, else mma where it applies, else
-    tiled).
+    fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, else mma where it
+    applies, else tiled).
     """
     q, k, v, o, do, scale, kernel, window, dropout = check_backward(
         q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, kernel=kernel, fn="flash_attn_cuda_backward",

@@ -54,6 +54,7 @@ CASES = [
     dict(B=1, H=1, Nq=1, Nk=257, D=64, core=False),  # one query (decoding)
     dict(B=1, H=1, Nq=17, Nk=130, D=96, core=False),
     dict(B=1, H=1, Nq=64, Nk=64, D=256, core=False),
+    dict(B=1, H=2, Nq=130, Nk=100, D=192, core=False),  # D > 128 over several tiles (CUDA: padded to 256)
     dict(B=1, H=1, Nq=1000, Nk=1000, D=32, core=False),
     dict(B=2, H=2, Nq=64, Nk=48, D=64, layout="bnhd", core=True),  # non-contiguous inputs
 ]

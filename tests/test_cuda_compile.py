@@ -82,9 +82,10 @@ def test_launcher_configs_are_instantiated_for_nvcc():
                               for D, (bc, cwg, st) in launcher.WGMMA_WS_CONFIGS.items() for bf in ("false", "true")}
               | {f"wgmma_ws_fwd<{D}, {bc}, {cwg}, {st}, {bf}, true>"
                  for D, (bc, cwg, st) in launch_specs.WGMMA_WS_DROPOUT_CONFIGS.items() for bf in ("false", "true")},
-              "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {launcher.MMA_BACKWARD_CONFIG[0]}, {launcher.MMA_BACKWARD_CONFIG[1]}, {bf}>"
-                                  for kind in ("dkdv", "dq") for D in (64, 128) for bf in ("false", "true")}
-              | {f"mma_bwd_preprocess<{D}, {bf}>" for D in (64, 128) for bf in ("false", "true")},
+              "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {nw}, {tile}, {bf}>"
+                                  for D, (nw, tile) in launcher.MMA_BACKWARD_CONFIGS.items()
+                                  for kind in ("dkdv", "dq") for bf in ("false", "true")}
+              | {f"mma_bwd_preprocess<{D}, {bf}>" for D in launcher.MMA_BACKWARD_CONFIGS for bf in ("false", "true")},
               "wgmma_backward.cu": {f"wgmma_bwd_{kind}<{D}, {nwg}, {tile}, {bf}>"
                                     for D, (nwg, tile) in launcher.WGMMA_BACKWARD_CONFIGS.items()
                                     for kind in ("dkdv", "dq") for bf in ("false", "true")}

@@ -23,8 +23,8 @@ from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
-from flash_attention_cuda.capabilities import (CAPABILITIES, HOPPER_BACKWARD, cuda_unavailable_reason,
-                                             hopper_probe, is_hopper)
+from flash_attention_cuda.capabilities import (BACKWARD, CAPABILITIES, HOPPER_BACKWARD, WGMMA_BACKWARD_HEAD_DIMS,
+                                             cuda_unavailable_reason, hopper_probe, is_hopper)
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -58,11 +58,12 @@ def test_unknown_kernel_name():
         flash_attn_cuda(q, q, q, kernel=3)
 
 
-@pytest.mark.parametrize("kernel,dtype,D", [("mma", "float32", 64), ("mma", "float16", 160), ("naive", "float16", 64),
-                                            ("tiled", "float32", 256), ("auto", "float64", 64)])
+@pytest.mark.parametrize("kernel,dtype,D", [("mma", "float32", 64), ("mma", "float16", 260), ("naive", "float16", 64),
+                                            ("tiled", "float32", 256), ("auto", "float64", 64),
+                                            ("auto", "float32", 160), ("wgmma", "bfloat16", 257)])
 def test_unsupported_combination_lists_what_is_supported(kernel, dtype, D):
     q = torch.randn(1, 1, 4, D).to(getattr(torch, dtype))
-    with pytest.raises(ValueError, match=r"D = %d.*mma: float16/bfloat16, D <= 128" % D):
+    with pytest.raises(ValueError, match=r"D = %d.*mma: float16/bfloat16, D <= 256" % D):
         flash_attn_cuda(q, q, q, kernel=kernel)
 
 
@@ -79,7 +80,8 @@ def test_numpy_and_shape_errors():
 
 def test_rung_table():
     assert fac.KERNELS == ("naive", "tiled", "mma", "wgmma", "wgmma-ws")
-    assert fac.RUNGS["wgmma"].supports("float16", 96) and not fac.RUNGS["wgmma"].supports("float16", 160)
+    assert fac.RUNGS["wgmma"].supports("float16", 160) and not fac.RUNGS["wgmma"].supports("float16", 257)
+    assert BACKWARD["mma"].supports("float16", 256) and not BACKWARD["wgmma-ws"].supports("float16", 160)
     assert fac.RUNGS["mma"].supports("bfloat16", 128) and not fac.RUNGS["mma"].supports("float32", 64)
     assert all(fac.RUNGS[name[len("cuda-"):]] is cap for name, cap in CAPABILITIES.items())  # one table
     assert [n for n, c in CAPABILITIES.items() if c.hopper_only] == ["cuda-wgmma", "cuda-wgmma-ws"]
@@ -330,11 +332,27 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
         _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
 
-@pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128)])
+@pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128), (160, 256), (256, 256)])
 def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
     assert launch_specs.padded_head_dim(D) == padded
-    with pytest.raises(ValueError, match="padded_head_dim: the tensor-core kernels take D <= 128, got 160"):
-        launch_specs.padded_head_dim(160)
+    assert launch_specs.padded_head_dim(min(D, 128), WGMMA_BACKWARD_HEAD_DIMS) == min(padded, 128)
+    with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
+        launch_specs.padded_head_dim(257)
+    with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
+        launch_specs.padded_head_dim(160, WGMMA_BACKWARD_HEAD_DIMS)
+
+
+def test_auto_backward_above_128_runs_the_mma_backward():
+    """The wgmma backwards stop at D = 128 (dK and dV of a 64-key tile would need 256 registers a thread); on a
+    Hopper kernel='auto' runs the mma backward above it, whose dK/dV kernel splits the columns over two blocks."""
+    from flash_attention_cuda.capabilities import auto_backward
+    assert auto_backward("float16", 128, (9, 0)) == "wgmma-ws" and auto_backward("bfloat16", 129, (9, 0)) == "mma"
+    assert auto_backward("float16", 256, (8, 0)) == "mma" and auto_backward("float32", 256, (9, 0)) == "tiled"
+    p = launch_specs.Problem(B=1, H=2, Nq=100, Nk=70, D=256, dtype="float16", scale=0.1, window=(-1, -1))
+    kv, dq = launch_specs.mma_bwd_dkdv(p), launch_specs.mma_bwd_dq(p)
+    assert kv.name == "mma_bwd_dkdv<256, 4, 32, false>" and kv.grid == (2 * 2, 2)  # 2 key tiles x 2 column halves
+    assert dq.name == "mma_bwd_dq<256, 4, 32, false>" and dq.grid == (2, 2)
+    assert kv.smem == (2 * 64 + 4 * 32) * 256 * 2 + 4 * 32 * 4 and dq.smem == (2 * 64 + 4 * 32) * 256 * 2
 
 
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-ws"])
@@ -567,10 +585,13 @@ def test_tensor_core_backward_matches_reference(kernel, dtype, D):
 def test_backward_bad_input():
     q, k, v, do = _inputs(1, 2, 16, 16, 64, "float16")
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
-    with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 128"):
+    with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 256"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
     with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, wgmma-ws, mma, tiled"):
         flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="fast")
+    wide = [torch.nn.functional.pad(x, (0, 96)) for x in (q, k, v, o, do)]  # D = 160: the wgmma backwards stop at 128
+    with pytest.raises(ValueError, match=r"kernel 'wgmma-ws' takes float16/bfloat16 with D <= 128 .* got float16, D = 160"):
+        flash_attn_cuda_backward(*wide[:4], lse, wide[4], kernel="wgmma-ws")
     with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 128 on compute "
                                          r"capability 9\.0"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="wgmma")

@@ -181,7 +181,7 @@ def _check(name, out, ref, naive, floor):
 
 @gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
 def test_forward_variants(kernel, dtype, D, case):
@@ -196,12 +196,18 @@ def test_forward_variants(kernel, dtype, D, case):
     _check("lse", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
 
 
+# the backwards and the head dims they take: the wgmma ones D <= 128, the mma one D <= 256 (at D = 256 its dK/dV
+# kernel splits the columns over two blocks)
+BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
+                 for kernel in (pytest.param("mma"), WGMMA, WGMMA_FUSED, WGMMA_WS) for D in (64, 128)] + \
+                [pytest.param("mma", 256, id="mma-d256")]
+
+
 @gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_FUSED, WGMMA_WS])
-def test_backward_variants(kernel, dtype, D, case):
+@pytest.mark.parametrize("kernel,D", BACKWARD_DIMS)
+def test_backward_variants(kernel, D, dtype, case):
     """The mma, wgmma, wgmma-fused and wgmma-ws backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)

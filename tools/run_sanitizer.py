@@ -1,14 +1,14 @@
 """Run compute-sanitizer (memcheck, racecheck and synccheck) over every kernel of the CUDA ladder.
 
-    PYTHONPATH=. python3 tools/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR]
+    PYTHONPATH=. python3 tools/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR] [--head-dims 256]
 
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma and, on Hopper,
-wgmma, wgmma-fused and wgmma-ws) at small odd shapes: N = 100 (and Nq != Nk),
-D = 64 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query heads,
-dropout) on the tensor-core rungs, forward and backward. Exit status 0 only if every tool reports
-0 errors. Needs a GPU.
+wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
+D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
+heads, dropout) on the tensor-core rungs, forward and backward. --head-dims keeps only the cases of those head
+dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 """
 from __future__ import annotations
 
@@ -22,33 +22,39 @@ CASES = [  # (B, H, Nq, Nk, D)
     (1, 2, 100, 100, 64),
     (2, 1, 100, 37, 64),   # Nq > Nk: causal rows that see no key
     (1, 1, 37, 100, 128),
-    (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (mma only takes 64/128)
+    (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (the tensor-core rungs pad it to 64)
+    (1, 1, 70, 100, 256),  # the tensor-core rungs' D = 256 (the wgmma backwards stop at 128: the mma one runs)
 ]
 
 VARIANT_CASES = [  # (B, Hq, Hk, Nq, Nk, D)
     (2, 4, 2, 100, 137, 64),
     (1, 3, 1, 77, 50, 128),  # Nq > Nk
     (1, 2, 2, 130, 130, 64),
+    (1, 4, 2, 90, 130, 256),
 ]
 VARIANT_KINDS = [  # (causal, window_size, dropout_p), one per case
     (False, (5, 2), 0.17),
     (True, (20, -1), 0.0),
     (False, (-1, -1), 0.5),
+    (True, (40, -1), 0.17),
 ]
 
 
-def inner() -> int:
+def inner(head_dims=None) -> int:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from flash_attention_cuda import RUNGS, flash_attn_cuda, flash_attn_cuda_backward, seed_nomax_forward
-    from flash_attention_cuda.capabilities import is_hopper
+    from flash_attention_cuda.capabilities import BACKWARD, is_hopper
     from flash_attention_py import make_inputs
 
     hopper = is_hopper(torch.cuda.get_device_capability())
+    takes = lambda b, dtype, D: b == "auto" or BACKWARD[b].supports(dtype, D)  # noqa: E731
 
     n = 0
     for B, H, Nq, Nk, D in CASES:
+        if head_dims and D not in head_dims:
+            continue
         for kernel, rung in RUNGS.items():
             if rung.hopper_only and not hopper:
                 continue  # wgmma: sm_90a only
@@ -63,6 +69,8 @@ def inner() -> int:
                         bwd = kernel if kernel in ("mma", "wgmma") else "auto"
                         # Hopper: every wgmma backward
                         for b in (bwd, "wgmma-fused", "wgmma-ws") if kernel == "wgmma" else (bwd,):
+                            if not takes(b, dtype, D):
+                                continue
                             flash_attn_cuda_backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, kernel=b)
                             n += 3
         if D <= 128:
@@ -72,12 +80,15 @@ def inner() -> int:
     # the variants (window, grouped-query heads, dropout) on the tensor-core rungs, forward and backward
     for kernel in ("mma", "wgmma", "wgmma-ws") if hopper else ("mma",):
         for (B, Hq, Hk, Nq, Nk, D), (causal, window, p) in zip(VARIANT_CASES, VARIANT_KINDS):
+            if head_dims and D not in head_dims:
+                continue
             q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(B, Hk, Nk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             kw = dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=2**33 + 1 if p else None)
             o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
             do = torch.randn_like(o)
             for bwd in ("wgmma-fused", "wgmma-ws") if kernel == "wgmma-ws" else (kernel,):  # mma's, every wgmma one
+                bwd = bwd if takes(bwd, "bfloat16", D) else "auto"  # D > 128: the mma backward
                 flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
                 n += 3
             n += 1
@@ -92,9 +103,11 @@ def main() -> int:
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
+    ap.add_argument("--head-dims", default="", help="only the cases of these head dims, e.g. '256' (default: all)")
     args = ap.parse_args()
+    head_dims = {int(d) for d in args.head_dims.split(",") if d}
     if args.inner:
-        return inner()
+        return inner(head_dims)
     ok = True
     summary = []
     for tool in args.tools.split(","):
@@ -103,7 +116,7 @@ def main() -> int:
             cmd += ["--leak-check", "no"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--inner"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--head-dims", args.head_dims]
         res = subprocess.run(cmd, capture_output=True, text=True)
         log = res.stdout + res.stderr
         if args.log_dir:

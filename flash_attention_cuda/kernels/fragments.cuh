@@ -78,20 +78,21 @@ __device__ __forceinline__ void mma_abt(float (&acc)[NT][4], unsigned sA, int a_
                                  [&](unsigned (&a)[4], int, int kk) { load_a<D>(a, sA, a_row0, kk); }, sB, b_row0);
 }
 
-// acc[m] (16 x D) += A_m B for MT row tiles at once, the sum over 16 KS: A_m = 16 x 16 KS in registers (KS A
+// acc[m] (16 x DC) += A_m B for MT row tiles at once, the sum over 16 KS: A_m = 16 x 16 KS in registers (KS A
 // fragments, e.g. P or dS from pack_a), B = rows b_row0 .. b_row0 + 16 KS - 1 of tile sB (k = row, n = d),
-// through ldmatrix.trans; every B fragment read feeds MT products.
-template <int D, int KS, int MT, bool BF16>
-__device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][D / 8][4], const unsigned (&a)[MT][KS][4], unsigned sB,
-                                            int b_row0) {
+// columns col0 .. col0 + DC - 1 (all D by default; col0 a multiple of 16), through ldmatrix.trans; every B
+// fragment read feeds MT products.
+template <int D, int KS, int MT, bool BF16, int DC = D>
+__device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][DC / 8][4], const unsigned (&a)[MT][KS][4], unsigned sB,
+                                            int b_row0, int col0 = 0) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
+        for (int dp = 0; dp < DC / 16; ++dp) {
             unsigned b[4];
             const int b_row = b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(b, sB + swz<D>(b_row, dp * 2 + (lane >> 4)));
+            ldmatrix_x4_trans(b, sB + swz<D>(b_row, col0 / 8 + dp * 2 + (lane >> 4)));
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 mma_16816<BF16>(acc[m][2 * dp], a[m][kk], b[0], b[1]);
@@ -101,14 +102,14 @@ __device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][D / 8][4], const un
     }
 }
 
-// acc (16 x D) += A B, the sum over 16 KS: A = 16 x 16 KS in registers (KS A fragments, e.g. P or dS from
-// pack_a), B = rows b_row0 .. b_row0 + 16 KS - 1 of tile sB (k = row, n = d), through ldmatrix.trans
-// (e.g. O += P V, dV += P^T dO, dQ += dS K).
-template <int D, int KS, bool BF16>
-__device__ __forceinline__ void mma_ab(float (&acc)[D / 8][4], const unsigned (&a)[KS][4], unsigned sB,
-                                       int b_row0) {
-    mma_ab_rows<D, KS, 1, BF16>(reinterpret_cast<float (&)[1][D / 8][4]>(acc),
-                                reinterpret_cast<const unsigned (&)[1][KS][4]>(a), sB, b_row0);
+// acc (16 x DC) += A B, the sum over 16 KS: A = 16 x 16 KS in registers (KS A fragments, e.g. P or dS from
+// pack_a), B = rows b_row0 .. b_row0 + 16 KS - 1 of tile sB (k = row, n = d), columns col0 .. col0 + DC - 1
+// (all D by default), through ldmatrix.trans (e.g. O += P V, dV += P^T dO, dQ += dS K).
+template <int D, int KS, bool BF16, int DC = D>
+__device__ __forceinline__ void mma_ab(float (&acc)[DC / 8][4], const unsigned (&a)[KS][4], unsigned sB,
+                                       int b_row0, int col0 = 0) {
+    mma_ab_rows<D, KS, 1, BF16, DC>(reinterpret_cast<float (&)[1][DC / 8][4]>(acc),
+                                    reinterpret_cast<const unsigned (&)[1][KS][4]>(a), sB, b_row0, col0);
 }
 
 // fp32 accumulator (16 x 8NT) -> NT / 2 A fragments (16 x 16 each) in fp16/bf16, round to nearest even
@@ -123,18 +124,19 @@ __device__ __forceinline__ void pack_a(unsigned (&a)[NT / 2][4], const float (&a
     }
 }
 
-// The warp's 16 x D fp32 accumulator, times `mul`, into rows row0 .. row0 + 15 of a (N, D) 16-bit matrix in
-// global memory (rows >= N are not written); 4-byte stores, two columns each.
-template <int D, bool BF16>
-__device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[D / 8][4], int row0, int N,
-                                           float mul) {
+// The warp's 16 x DC fp32 accumulator, times `mul`, into rows row0 .. row0 + 15, columns col0 .. col0 + DC - 1
+// (all D by default) of a (N, D) 16-bit matrix in global memory (rows >= N are not written); 4-byte stores, two
+// columns each.
+template <int D, bool BF16, int DC = D>
+__device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[DC / 8][4], int row0, int N,
+                                           float mul, int col0 = 0) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < DC / 8; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (elements 2, 3)
             const int row = row0 + acc_row(2 * h);
             if (row < N)
-                *reinterpret_cast<unsigned*>(out + (long long)row * D + acc_col(n, 0)) =
+                *reinterpret_cast<unsigned*>(out + (long long)row * D + col0 + acc_col(n, 0)) =
                     pack2<BF16>(acc[n][2 * h] * mul, acc[n][2 * h + 1] * mul);
         }
 }

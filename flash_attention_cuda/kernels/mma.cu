@@ -46,8 +46,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
     constexpr int NTILES_O = D / 8;      // n8 tiles of O
     // One m16 tile per warp: its Q fragments stay in registers. Two: they are re-read from shared
     // memory each k-step (registers go to the doubled accumulators), but every K/V fragment read by
-    // ldmatrix then feeds two mma instead of one: half the shared-memory traffic per FLOP.
-    constexpr bool Q_IN_REGS = (MT == 1);
+    // ldmatrix then feeds two mma instead of one: half the shared-memory traffic per FLOP. At D = 256 the
+    // accumulator alone is 128 registers: Q is re-read from shared memory there too.
+    constexpr bool Q_IN_REGS = (MT == 1 && D <= 128);
     extern __shared__ __align__(128) unsigned char smem[];
     const unsigned sQ = smem_u32(smem);       // (Br, D)
     const unsigned sK = sQ + Br * D * 2;      // 2 x (Bc, D)
@@ -169,8 +170,12 @@ FA_MMA_INST(64, 64, 8, 2, false)
 FA_MMA_INST(64, 64, 8, 2, true)
 FA_MMA_INST(128, 64, 8, 1, false)
 FA_MMA_INST(128, 64, 8, 1, true)
+FA_MMA_INST(256, 64, 4, 1, false)
+FA_MMA_INST(256, 64, 4, 1, true)
 FA_MMA_DROPOUT_INST(64, 64, 4, 2, false)
 FA_MMA_DROPOUT_INST(64, 64, 4, 2, true)
 FA_MMA_DROPOUT_INST(128, 128, 8, 1, false)
 FA_MMA_DROPOUT_INST(128, 128, 8, 1, true)
+FA_MMA_DROPOUT_INST(256, 64, 4, 1, false)
+FA_MMA_DROPOUT_INST(256, 64, 4, 1, true)
 #endif

@@ -88,10 +88,13 @@ __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const u
 }
 
 // dK_j, dV_j for one tile of Bc = 16 NWARPS keys (warp w: keys 16w .. 16w + 15) of K/V head blockIdx.y
-// (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g,
+// (= b Hk + hk; grid (ceil(Nk / Bc) * NCOL, B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g,
 // g = 0 .. group - 1, and for each over the tiles of Br queries that see any of the keys: queries
 // [mask.q_begin(k0), mask.q_end(k0 + Bc)). GQA = false (group must be 1) compiles the one-head kernel: the loop
 // over the group keeps ~10 more registers live, which at D = 64 costs a block per SM.
+// D = 256: a warp's 16 rows of dK_j and dV_j would be 256 fp32 registers per thread, more than a thread has. The
+// block then owns DC = 128 of their columns (NCOL = D / DC blocks per K/V tile, blockIdx.x = tile * NCOL + column
+// block): it still computes S^T and dP^T over all of D, so those two products run twice, once per half.
 template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
 __global__ void __launch_bounds__(NWARPS * 32)
     mma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
@@ -101,6 +104,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
                  int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
     using namespace mma_bwd_detail;
     constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
+    constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per tile
     extern __shared__ __align__(128) unsigned char smem[];
     using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
     constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
@@ -111,7 +115,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32;
-    const int k0 = blockIdx.x * Bc, wkey = warp * 16;  // block's first key, warp's first row in the tile
+    const int k0 = (blockIdx.x / NCOL) * Bc, wkey = warp * 16;  // block's first key, warp's first row in the tile
+    const int col0 = (blockIdx.x % NCOL) * DC;                      // the block's first column of dK_j, dV_j
     const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
     const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
     long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     if (tiles.count > 0) stream(0, 0);
     cp_async_commit();
 
-    float dk[D / 8][4], dv[D / 8][4];  // the warp's 16 rows of dK_j and dV_j, summed over the group
+    float dk[DC / 8][4], dv[DC / 8][4];  // the warp's 16 rows of dK_j and dV_j (DC columns), summed over the group
     zero(dk);
     zero(dv);
     for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
@@ -146,9 +151,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
                                                      sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
             unsigned a[Br / 16][4];
             pack_a<Br / 8, BF16>(a, P_ij);
-            mma_ab<D, Br / 16, BF16>(dv, a, db, 0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
+            mma_ab<D, Br / 16, BF16, DC>(dv, a, db, 0, col0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
             pack_a<Br / 8, BF16>(a, dS_ij);
-            mma_ab<D, Br / 16, BF16>(dk, a, qb, 0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
+            mma_ab<D, Br / 16, BF16, DC>(dk, a, qb, 0, col0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
         });
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
         // the next query head (stream_loop has waited for its copies and synced after its last tile: the
@@ -159,8 +164,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
         cp_async_commit();
     }
     const float softmax_scale = scale_log2 * FA_LN2;
-    store_rows<D, BF16>(dK + bkv * Nk * D, dk, k0 + wkey, Nk, softmax_scale);  // dK_j = softmax_scale * dS^T Q
-    store_rows<D, BF16>(dV + bkv * Nk * D, dv, k0 + wkey, Nk, 1.0f);
+    store_rows<D, BF16, DC>(dK + bkv * Nk * D, dk, k0 + wkey, Nk, softmax_scale, col0);  // dK_j = softmax_scale * dS^T Q
+    store_rows<D, BF16, DC>(dV + bkv * Nk * D, dv, k0 + wkey, Nk, 1.0f, col0);
 }
 
 // dQ_i for one tile of Br = 16 NWARPS queries (warp w: queries 16w .. 16w + 15), looping over the tiles of Bc
@@ -222,42 +227,45 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
 #ifndef __CUDACC_RTC__
 // nvcc (the compile test) builds these; at run time NVRTC instantiates them through name_expressions.
-#define FA_MMA_BWD_INST(D, BF)                                                                                   \
+#define FA_MMA_BWD_INST(D, T, BF)                                                                                   \
     template __global__ void mma_bwd_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*,     \
                                                        long long);                                               \
-    template __global__ void mma_bwd_dkdv<D, 4, 64, BF>(const unsigned short*, const unsigned short*,            \
+    template __global__ void mma_bwd_dkdv<D, 4, T, BF>(const unsigned short*, const unsigned short*,            \
                                                         const unsigned short*, const unsigned short*,            \
                                                         const float*, const float*, unsigned short*,             \
                                                         unsigned short*, int, int, float, int, int, int, float,  \
                                                         unsigned, unsigned);                                     \
-    template __global__ void mma_bwd_dq<D, 4, 64, BF>(const unsigned short*, const unsigned short*,              \
+    template __global__ void mma_bwd_dq<D, 4, T, BF>(const unsigned short*, const unsigned short*,              \
                                                       const unsigned short*, const unsigned short*, const float*, \
                                                       const float*, unsigned short*, int, int, float, int, int,   \
                                                       int, float, unsigned, unsigned);                            \
-    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, true>(const unsigned short*, const unsigned short*,      \
+    template __global__ void mma_bwd_dkdv<D, 4, T, BF, true>(const unsigned short*, const unsigned short*,      \
                                                               const unsigned short*, const unsigned short*,      \
                                                               const float*, const float*, unsigned short*,       \
                                                               unsigned short*, int, int, float, int, int, int,   \
                                                               float, unsigned, unsigned);                        \
-    template __global__ void mma_bwd_dq<D, 4, 64, BF, true>(const unsigned short*, const unsigned short*,        \
+    template __global__ void mma_bwd_dq<D, 4, T, BF, true>(const unsigned short*, const unsigned short*,        \
                                                             const unsigned short*, const unsigned short*,        \
                                                             const float*, const float*, unsigned short*, int,    \
                                                             int, float, int, int, int, float, unsigned, unsigned);  \
-    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, false, true>(const unsigned short*, const unsigned short*, \
+    template __global__ void mma_bwd_dkdv<D, 4, T, BF, false, true>(const unsigned short*, const unsigned short*, \
                                                                      const unsigned short*, const unsigned short*, \
                                                                      const float*, const float*, unsigned short*,  \
                                                                      unsigned short*, int, int, float, int, int,   \
                                                                      int, float, unsigned, unsigned);
-#define FA_MMA_BWD_GQA_DROPOUT_INST(D, BF)                                                                     \
-    template __global__ void mma_bwd_dkdv<D, 4, 64, BF, true, true>(const unsigned short*, const unsigned short*, \
+#define FA_MMA_BWD_GQA_DROPOUT_INST(D, T, BF)                                                                     \
+    template __global__ void mma_bwd_dkdv<D, 4, T, BF, true, true>(const unsigned short*, const unsigned short*, \
                                                                     const unsigned short*, const unsigned short*, \
                                                                     const float*, const float*, unsigned short*,  \
                                                                     unsigned short*, int, int, float, int, int,   \
                                                                     int, float, unsigned, unsigned);
-FA_MMA_BWD_INST(64, false)
-FA_MMA_BWD_INST(64, true)
-FA_MMA_BWD_INST(128, false)
-FA_MMA_BWD_INST(128, true)
-FA_MMA_BWD_GQA_DROPOUT_INST(64, false)
-FA_MMA_BWD_GQA_DROPOUT_INST(128, true)
+FA_MMA_BWD_INST(64, 64, false)
+FA_MMA_BWD_INST(64, 64, true)
+FA_MMA_BWD_INST(128, 64, false)
+FA_MMA_BWD_INST(128, 64, true)
+FA_MMA_BWD_GQA_DROPOUT_INST(64, 64, false)
+FA_MMA_BWD_GQA_DROPOUT_INST(128, 64, true)
+FA_MMA_BWD_INST(256, 32, false)
+FA_MMA_BWD_INST(256, 32, true)
+FA_MMA_BWD_GQA_DROPOUT_INST(256, 32, false)
 #endif

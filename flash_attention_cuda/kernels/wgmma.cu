@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
               int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
               unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_detail;
-    static_assert((D == 64 || D == 128) && (Bc == 64 || Bc == 128), "D and Bc in {64, 128}");
+    static_assert((D == 64 || D == 128 || D == 256) && (Bc == 64 || Bc == 128), "D in {64, 128, 256}, Bc in {64, 128}");
     constexpr int Br = 64 * NWG;  // query rows per block
     constexpr int NT = NWG * 128;
     constexpr unsigned KV_BYTES = Bc * D * 2;
@@ -183,8 +183,12 @@ FA_WGMMA_INST(64, 64, 2, true)
 FA_WGMMA_INST(64, 128, 3, false)
 FA_WGMMA_INST(128, 64, 2, false)
 FA_WGMMA_INST(128, 64, 3, false)
+FA_WGMMA_INST(256, 64, 2, false)
+FA_WGMMA_INST(256, 64, 2, true)
 FA_WGMMA_DROPOUT_INST(64, 64, 2, false)
 FA_WGMMA_DROPOUT_INST(64, 64, 2, true)
 FA_WGMMA_DROPOUT_INST(128, 128, 2, false)
 FA_WGMMA_DROPOUT_INST(128, 128, 2, true)
+FA_WGMMA_DROPOUT_INST(256, 64, 2, false)
+FA_WGMMA_DROPOUT_INST(256, 64, 2, true)
 #endif

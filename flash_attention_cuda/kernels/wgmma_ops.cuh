@@ -169,11 +169,17 @@ __device__ __forceinline__ void issue_abt(float (&d)[R / 2], unsigned sA_wg, uns
 // d (64 x D) += A B for a warpgroup: R / 16 k-steps of m64n(D)k16, A (64 x R) as fp16/bf16 fragments in
 // registers, B = a (R, D) tile read MN-major (its rows are the k index); k-step kk takes rows 16kk .. 16kk + 15
 // = two 8-row atoms (2048 bytes of a panel), LBO = R * 128 steps between the 64-column panels along D.
-// Committed as one group.
+// D = 256 is two m64n128k16 per k-step, on columns 0 .. 127 (panels 0, 1; d[0 .. 63]) and 128 .. 255 (panels 2,
+// 3; d[64 .. 127]): an accumulator's flat index runs along the columns, 4 per n8 tile. Committed as one group.
 template <int D, int R, bool BF16>
 __device__ __forceinline__ void issue_ab(float (&d)[D / 2], const unsigned (&a)[R / 16][4], unsigned sB) {
+    constexpr int N = D <= 128 ? D : 128;  // columns per instruction
 #pragma unroll
-    for (int kk = 0; kk < R / 16; ++kk) wgmma_rs<D, BF16>(d, a[kk], make_desc(sB + kk * 2048, R * 128, 1024));
+    for (int kk = 0; kk < R / 16; ++kk)
+#pragma unroll
+        for (int h = 0; h < D / N; ++h)
+            wgmma_rs<N, BF16>(reinterpret_cast<float (&)[N / 2]>(d[h * (N / 2)]), a[kk],
+                              make_desc(sB + h * (N / 64) * R * 128 + kk * 2048, R * 128, 1024));
     wgmma_commit();
 }
 
