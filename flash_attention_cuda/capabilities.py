@@ -11,9 +11,10 @@
     mma_backward_applies(dtype, D, cc)   the backward's choice of tensor cores (else the fp32 kernels)
     HOPPER_FORWARD                       the forward kernel='auto' runs on a Hopper: 'wgmma-ws'
     HOPPER_BACKWARD                      the backward kernel='auto' runs on a Hopper: 'wgmma-ws'
-    auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD on a Hopper (D <= 128), else mma,
-                                         else tiled
-    TENSOR_CORE_HEAD_DIMS, WGMMA_BACKWARD_HEAD_DIMS   the head dims the tensor-core kernels are compiled for
+    HOPPER_WIDE_BACKWARD                 ... and above D = 128: 'wgmma'
+    auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD / HOPPER_WIDE_BACKWARD on a
+                                         Hopper, else mma, else tiled
+    TENSOR_CORE_HEAD_DIMS, BACKWARD_HEAD_DIMS   the head dims the tensor-core kernels are compiled for
     BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
 
@@ -31,9 +32,9 @@ from flash_attention_py.validation import FLOAT_DTYPES
 
 __all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "TENSOR_CORE_BACKWARDS",
            "HOPPER",
-           "TENSOR_CORE_HEAD_DIMS", "WGMMA_BACKWARD_HEAD_DIMS", "is_hopper",
+           "TENSOR_CORE_HEAD_DIMS", "BACKWARD_HEAD_DIMS", "is_hopper",
            "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward",
-           "HOPPER_BACKWARD", "cc_text",
+           "HOPPER_BACKWARD", "HOPPER_WIDE_BACKWARD", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
 HOPPER = (9, 0)  # wgmma.cu uses sm_90a instructions: compute capability 9.0 exactly
@@ -65,11 +66,14 @@ def mma_backward_applies(dtype: str, D: int, cc) -> bool:
 
 
 def auto_backward(dtype: str, D: int, cc) -> str:
-    """The backward kernel='auto' runs: ``HOPPER_BACKWARD`` ('wgmma-ws', the one-kernel wgmma backward,
-    warp-specialised) on a Hopper where it takes D (<= 128), else 'mma' where the tensor-core kernels take dtype
-    and D (D <= 256), else 'tiled' (the fp32 kernels, D <= 128; the caller checks that the answer takes D)."""
-    if BACKWARD[HOPPER_BACKWARD].supports(dtype, D) and is_hopper(cc):
-        return HOPPER_BACKWARD
+    """The backward kernel='auto' runs: on a Hopper ``HOPPER_BACKWARD`` ('wgmma-ws', the one-kernel wgmma
+    backward, warp-specialised) where it takes D (<= 128), above it ``HOPPER_WIDE_BACKWARD`` ('wgmma', the
+    two-kernel one); elsewhere 'mma' where the tensor-core kernels take dtype and D (D <= 256); else 'tiled' (the
+    fp32 kernels, D <= 128; the caller checks that the answer takes D)."""
+    if is_hopper(cc):
+        for kernel in (HOPPER_BACKWARD, HOPPER_WIDE_BACKWARD):
+            if BACKWARD[kernel].supports(dtype, D):
+                return kernel
     return "mma" if mma_backward_applies(dtype, D, cc) else "tiled"
 
 
@@ -131,13 +135,17 @@ _HALF = {"cuda": ("float16", "bfloat16")}
 _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # The head dims the tensor-core kernels are compiled for; any other D <= 256 is zero-padded to the next of them
 # (launch_specs.padded_head_dim: zero columns leave Q K^T, and so P, unchanged, and give O zero columns that are
-# cut off), at the cost of the padded work and one copy of q, k, v. The wgmma backwards hold a 64-key tile of
-# dK and dV in registers, 2 x 64 x D fp32 per warpgroup: at D = 256 that is 256 registers a thread, more than a
-# thread has, so they stop at 128 and kernel='auto' runs the mma backward above it (mma_backward.cu splits dK,
-# dV's columns over two blocks there).
+# cut off), at the cost of the padded work and one copy of q, k, v. A backward holds a tile of dK and dV in
+# registers, 2 x 64 x D fp32 per 64 keys: at D = 256 that is 256 registers a thread, more than a thread has. The
+# two-kernel backwards (mma, wgmma) then split the columns of dK and dV over two blocks, each computing S and dP
+# once more; the one-kernel wgmma backwards (wgmma-fused, wgmma-ws), whose dQ product shares the tile, stop at
+# 128, and kernel='auto' runs the two-kernel wgmma backward above it on a Hopper.
 TENSOR_CORE_HEAD_DIMS = (64, 128, 256)
-WGMMA_BACKWARD_HEAD_DIMS = (64, 128)
-_TC_MAX_D, _WGMMA_BWD_MAX_D = TENSOR_CORE_HEAD_DIMS[-1], WGMMA_BACKWARD_HEAD_DIMS[-1]
+WGMMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
+BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
+                      "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS}
+_TC_MAX_D = TENSOR_CORE_HEAD_DIMS[-1]
+_BWD_MAX_D = {kernel: dims[-1] for kernel, dims in BACKWARD_HEAD_DIMS.items()}
 
 CAPABILITIES = {
     c.name: c
@@ -160,16 +168,16 @@ TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "wgmma-ws", "mma")  # the backw
 # (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
 # are converted to fp32 and back).
 BACKWARD = {
-    "wgmma": Capability("cuda-wgmma-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
+    "wgmma": Capability("cuda-wgmma-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["wgmma"], hopper_only=True,
                         variants=_ALL_VARIANTS, probe=hopper_probe),
     # one kernel: dK, dV and dQ (summed over the K/V tiles with atomic adds; wgmma_backward.cu, wgmma_bwd_fused)
-    "wgmma-fused": Capability("cuda-wgmma-fused-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
-                              variants=_ALL_VARIANTS, probe=hopper_probe),
+    "wgmma-fused": Capability("cuda-wgmma-fused-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["wgmma-fused"],
+                              hopper_only=True, variants=_ALL_VARIANTS, probe=hopper_probe),
     # the same kernel warp-specialised: a producer warpgroup's copy engine loads, two consumer warpgroups
     # (wgmma_backward.cu, wgmma_bwd_ws)
-    "wgmma-ws": Capability("cuda-wgmma-ws-backward", dtypes=_HALF, max_head_dim=_WGMMA_BWD_MAX_D, hopper_only=True,
-                           variants=_ALL_VARIANTS, probe=hopper_probe),
-    "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=_TC_MAX_D,
+    "wgmma-ws": Capability("cuda-wgmma-ws-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["wgmma-ws"],
+                           hopper_only=True, variants=_ALL_VARIANTS, probe=hopper_probe),
+    "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["mma"],
                       variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }
@@ -182,6 +190,9 @@ HOPPER_FORWARD = "wgmma-ws"
 # shape (H100, B4 H16 fp16, D 64 and 128, N 1024..16384, the kernels alone: docs/results/cuda/backward_kernels.md,
 # written by tools/cuda_backward_kernels.py)
 HOPPER_BACKWARD = "wgmma-ws"
+# ... and above D = 128, where the one-kernel backwards stop: the two-kernel wgmma backward (at D = 256 its dK/dV
+# kernel splits the columns over two blocks)
+HOPPER_WIDE_BACKWARD = "wgmma"
 # The backward a forward rung's autograd runs: the mma rung keeps its own (mma_backward.cu), so the ladder's
 # rungs stay apart in a benchmark; the others take kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
 BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto", "wgmma-ws": "auto"}

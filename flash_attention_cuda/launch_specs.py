@@ -44,11 +44,11 @@ import numpy as np
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
-from .capabilities import (TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS, WGMMA_BACKWARD_HEAD_DIMS,
+from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS,
                            auto_backward)
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
-           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "mma_dkdv_column_blocks",
+           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
@@ -77,11 +77,15 @@ WGMMA_WS_DROPOUT_CONFIGS = {64: (128, 2, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
 # mma backward: (warps per block, rows of the tile each kernel loops over) per head dim: 64 x 64 tiles, chosen
 # by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`); at D = 256 the looped tiles have
 # 32 rows (shared memory 128 KiB instead of 192) and the dK/dV kernel splits dK, dV's 256 columns over
-# MMA_DKDV_COLUMN_BLOCKS(256) = 2 blocks (mma_backward.cu: 128 columns, as many registers as D = 128 takes).
+# dkdv_column_blocks(256) = 2 blocks (mma_backward.cu: 128 columns, as many registers as D = 128 takes).
 MMA_BACKWARD_CONFIGS = {64: (4, 64), 128: (4, 64), 256: (4, 32)}
 # wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
 # keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
-WGMMA_BACKWARD_CONFIGS = {64: (2, 64), 128: (2, 64)}
+# D = 256 (the two-kernel backward only): streamed tiles of 32 rows, so that a warpgroup's 128 accumulator registers
+# (dK and dV's 128 columns; dQ's 256) leave room for S and dP (16 each; tiles of 64 rows spill 150-700 bytes);
+# 192 KiB of shared memory; the dK/dV kernel splits dK, dV's columns over two blocks. Two warpgroups ran 1.6-1.7x
+# one (tools/cuda_backward_kernels.py --head-dims 256, H100).
+WGMMA_BACKWARD_CONFIGS = {64: (2, 64), 128: (2, 64), 256: (2, 32)}
 
 
 class Problem(NamedTuple):
@@ -324,8 +328,9 @@ def mma_bwd_preprocess(p: Problem) -> LaunchSpec:
                       ("O", "dO", "Delta"), (("rows", np.int64(rows)),))
 
 
-def mma_dkdv_column_blocks(D: int) -> int:
-    """Blocks per K/V tile of mma_bwd_dkdv: each holds DC = min(D, 128) columns of dK and dV (mma_backward.cu)."""
+def dkdv_column_blocks(D: int) -> int:
+    """Blocks per K/V tile of the two-kernel backwards' dK/dV kernel (mma_bwd_dkdv, wgmma_bwd_dkdv): each holds
+    DC = min(D, 128) columns of dK and dV (a tile's 256 would take more registers than a thread has)."""
     return D // 128 if D > 128 else 1
 
 
@@ -333,7 +338,7 @@ def mma_dkdv_column_blocks(D: int) -> int:
 def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps keys per block, one block
     row per K/V head (B * Hk: each block sums dK, dV over its group's query heads); D > 128: each K/V tile's
-    dK, dV columns split over mma_dkdv_column_blocks(D) blocks."""
+    dK, dV columns split over dkdv_column_blocks(D) blocks."""
     nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
     Bc = 16 * nw
     # mma_backward.cu, mma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; then
@@ -342,7 +347,7 @@ def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     # template flags DROPOUT, GQA (the loop over a K/V head's query heads), each given only when needed
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
     return LaunchSpec("mma_backward.cu", f"mma_bwd_dkdv<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
-                      (_cdiv(p.Nk, Bc) * mma_dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
+                      (_cdiv(p.Nk, Bc) * dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
                       _BWD_IN + ("dK", "dV"), _tc_args(p))
 
 
@@ -360,7 +365,8 @@ def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 @_cached
 def wgmma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: (warpgroups, tile) = config or WGMMA_BACKWARD_CONFIGS[D]; 64 * warpgroups keys per
-    block, one block row per K/V head (B * Hk: each block sums dK, dV over its group's query heads)."""
+    block, one block row per K/V head (B * Hk: each block sums dK, dV over its group's query heads); D > 128: each
+    K/V tile's dK, dV columns split over dkdv_column_blocks(D) blocks."""
     nwg, tile = config or WGMMA_BACKWARD_CONFIGS[p.D]
     Bc = 64 * nwg
     # wgmma_backward.cu, wgmma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; sL and sDl
@@ -368,7 +374,8 @@ def wgmma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4 + 1024
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_dkdv<{p.D}, {nwg}, {tile}, {_bf16(p)}{flags}>",
-                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (128 * nwg,), smem, _BWD_IN + ("dK", "dV"), _tc_args(p))
+                      (_cdiv(p.Nk, Bc) * dkdv_column_blocks(p.D), p.B * p.kv_heads), (128 * nwg,), smem,
+                      _BWD_IN + ("dK", "dV"), _tc_args(p))
 
 
 @_cached
@@ -488,8 +495,8 @@ def _check_variants(kernel: str, p: Problem, fn: str) -> None:
 
 def padded_head_dim(D: int, head_dims: tuple = TENSOR_CORE_HEAD_DIMS) -> int:
     """The head dim a tensor-core kernel runs a problem of head dim D at: the smallest of ``head_dims`` (the
-    kernel's compiled head dims: ``capabilities.TENSOR_CORE_HEAD_DIMS``, or ``WGMMA_BACKWARD_HEAD_DIMS`` for the
-    wgmma backwards) that is >= D (D itself when it is one of them)."""
+    kernel's compiled head dims: ``capabilities.TENSOR_CORE_HEAD_DIMS``, or a backward's ``BACKWARD_HEAD_DIMS``)
+    that is >= D (D itself when it is one of them)."""
     for size in head_dims:
         if D <= size:
             return size
@@ -532,9 +539,9 @@ def run_seed_nomax(q, k, v, scale: float):
 
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
-    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma', 'wgmma-fused' or 'wgmma-ws' (Hopper, D <= 128:
-    D other than 64 and 128 zero-padded to the next, as in run_forward), 'mma' (fp16/bf16, D <= 256: padded to
-    64, 128 or 256), 'tiled' (fp32 kernels: other
+    """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma-fused' or 'wgmma-ws' (Hopper, D <= 128: D other
+    than 64 and 128 zero-padded to the next, as in run_forward), 'wgmma' (Hopper) or 'mma' (fp16/bf16, D <= 256:
+    padded to 64, 128 or 256; capabilities.BACKWARD_HEAD_DIMS), 'tiled' (fp32 kernels: other
     dtypes are converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward). config: the
     tile config of 'wgmma' or 'mma' (default: their tables).
 
@@ -549,7 +556,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
     D = q.shape[-1]
     tensor_cores = kernel in TENSOR_CORE_BACKWARDS
-    dims = TENSOR_CORE_HEAD_DIMS if kernel == "mma" else WGMMA_BACKWARD_HEAD_DIMS
+    dims = BACKWARD_HEAD_DIMS.get(kernel)
     if tensor_cores and padded_head_dim(D, dims) != D:  # zero columns: dO V^T, Delta and dS are unchanged
         Dp = padded_head_dim(D, dims)
         q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))

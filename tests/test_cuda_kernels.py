@@ -23,7 +23,7 @@ from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
-from flash_attention_cuda.capabilities import (BACKWARD, CAPABILITIES, HOPPER_BACKWARD, WGMMA_BACKWARD_HEAD_DIMS,
+from flash_attention_cuda.capabilities import (BACKWARD, BACKWARD_HEAD_DIMS, CAPABILITIES, HOPPER_BACKWARD,
                                              cuda_unavailable_reason, hopper_probe, is_hopper)
 
 REASON = cuda_unavailable_reason()
@@ -335,19 +335,25 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
 @pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128), (160, 256), (256, 256)])
 def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
     assert launch_specs.padded_head_dim(D) == padded
-    assert launch_specs.padded_head_dim(min(D, 128), WGMMA_BACKWARD_HEAD_DIMS) == min(padded, 128)
+    assert launch_specs.padded_head_dim(min(D, 128), BACKWARD_HEAD_DIMS["wgmma-ws"]) == min(padded, 128)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
-        launch_specs.padded_head_dim(160, WGMMA_BACKWARD_HEAD_DIMS)
+        launch_specs.padded_head_dim(160, BACKWARD_HEAD_DIMS["wgmma-ws"])
 
 
-def test_auto_backward_above_128_runs_the_mma_backward():
-    """The wgmma backwards stop at D = 128 (dK and dV of a 64-key tile would need 256 registers a thread); on a
-    Hopper kernel='auto' runs the mma backward above it, whose dK/dV kernel splits the columns over two blocks."""
+def test_auto_backward_above_128_runs_a_two_kernel_backward():
+    """The one-kernel wgmma backwards stop at D = 128 (dK and dV of a 64-key tile would need 256 registers a
+    thread); above it kernel='auto' runs the two-kernel wgmma backward on a Hopper, the mma one elsewhere, whose
+    dK/dV kernels split the columns over two blocks."""
     from flash_attention_cuda.capabilities import auto_backward
-    assert auto_backward("float16", 128, (9, 0)) == "wgmma-ws" and auto_backward("bfloat16", 129, (9, 0)) == "mma"
+    assert auto_backward("float16", 128, (9, 0)) == "wgmma-ws" and auto_backward("bfloat16", 129, (9, 0)) == "wgmma"
     assert auto_backward("float16", 256, (8, 0)) == "mma" and auto_backward("float32", 256, (9, 0)) == "tiled"
+    p = launch_specs.Problem(B=1, H=2, Nq=100, Nk=70, D=256, dtype="float16", scale=0.1, window=(-1, -1))
+    kv, dq = launch_specs.wgmma_bwd_dkdv(p), launch_specs.wgmma_bwd_dq(p)
+    assert kv.name == "wgmma_bwd_dkdv<256, 2, 32, false>" and kv.grid == (1 * 2, 2) and kv.block == (256,)
+    assert dq.name == "wgmma_bwd_dq<256, 2, 32, false>" and dq.grid == (1, 2)
+    assert kv.smem == (2 * 128 + 4 * 32) * 256 * 2 + 4 * 32 * 4 + 1024 <= 227 * 1024
     p = launch_specs.Problem(B=1, H=2, Nq=100, Nk=70, D=256, dtype="float16", scale=0.1, window=(-1, -1))
     kv, dq = launch_specs.mma_bwd_dkdv(p), launch_specs.mma_bwd_dq(p)
     assert kv.name == "mma_bwd_dkdv<256, 4, 32, false>" and kv.grid == (2 * 2, 2)  # 2 key tiles x 2 column halves
@@ -592,7 +598,7 @@ def test_backward_bad_input():
     wide = [torch.nn.functional.pad(x, (0, 96)) for x in (q, k, v, o, do)]  # D = 160: the wgmma backwards stop at 128
     with pytest.raises(ValueError, match=r"kernel 'wgmma-ws' takes float16/bfloat16 with D <= 128 .* got float16, D = 160"):
         flash_attn_cuda_backward(*wide[:4], lse, wide[4], kernel="wgmma-ws")
-    with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 128 on compute "
+    with pytest.raises(ValueError, match=r"kernel 'wgmma' takes float16/bfloat16 with D <= 256 on compute "
                                          r"capability 9\.0"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="wgmma")
     with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\)"):

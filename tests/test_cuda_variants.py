@@ -196,11 +196,11 @@ def test_forward_variants(kernel, dtype, D, case):
     _check("lse", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
 
 
-# the backwards and the head dims they take: the wgmma ones D <= 128, the mma one D <= 256 (at D = 256 its dK/dV
-# kernel splits the columns over two blocks)
+# the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the two-kernel ones (mma, wgmma)
+# D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks)
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
                  for kernel in (pytest.param("mma"), WGMMA, WGMMA_FUSED, WGMMA_WS) for D in (64, 128)] + \
-                [pytest.param("mma", 256, id="mma-d256")]
+                [pytest.param("mma", 256, id="mma-d256"), pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
 
 
 @gpu

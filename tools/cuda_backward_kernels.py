@@ -9,7 +9,8 @@ Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' and with kernel 'wg
 warp-specialised), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
 one recorded forward). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 2.5 x 4·B·H·N²·D (x0.5
 causal). Writes ``backward_kernels.json`` and ``backward_kernels.md`` into --out. It is the measurement behind
-``capabilities.HOPPER_BACKWARD`` and ``launch_specs.WGMMA_BACKWARD_CONFIGS``.
+``capabilities.HOPPER_BACKWARD``, ``HOPPER_WIDE_BACKWARD`` (D = 256: ``--head-dims 256``) and
+``launch_specs.WGMMA_BACKWARD_CONFIGS``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import os
 import subprocess
 import sys
 
-CANDIDATES = {64: [(2, 64), (2, 128), (3, 64)], 128: [(2, 64), (1, 64), (3, 64)]}
+CANDIDATES = {64: [(2, 64), (2, 128), (3, 64)], 128: [(2, 64), (1, 64), (3, 64)], 256: [(1, 32), (2, 32), (1, 64)]}
 
 
 def main(argv=None) -> int:
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     from flash_attention_cuda import flash_attn_cuda, launch_specs
+    from flash_attention_cuda.capabilities import BACKWARD
     from flash_attention_py.common import attention_flops
     from flash_attention_py.inputs import make_inputs
     from flash_attention_py.masks import window_for
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
             ms[f"wgmma {cfg[0]}x{cfg[1]}"] = do_bench(
                 lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma", cfg))
         for one in ("wgmma-fused", "wgmma-ws"):
+            if not BACKWARD[one].supports("float16", D):  # the one-kernel backwards stop at D = 128
+                continue
             ms[one] = do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, one))
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))

@@ -64,7 +64,8 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 //   s -> P (or P^T), dp -> dS (or dS^T) in place      (backward_common.cuh)
 //   acc1 += P C1                         (KEY_ROWS only: dV += P^T dO)
 //   acc2 += dS C2                        (dK += dS^T Q, or dQ += dS K)
-// C1, C2: (R, D) tiles. The products are asynchronous and the elementwise work hides behind them: P is computed
+// C1, C2: (R, D) tiles, or their DC columns from the panel the caller's address points at (acc1, acc2 hold
+// DC = 2 x DC2 columns: D, or 128 of D = 256 in the dK/dV kernel). The products are asynchronous and the elementwise work hides behind them: P is computed
 // while dP is still running, dS while P C1 runs (with dropout, whose keep mask both need, P and dS are computed
 // together once both products are done). Every wgmma reads registers written by ordinary instructions only after
 // a wgmma.fence, and every register a wgmma uses is pinned (wgmma_ops::pin) until the wait that ends it.
@@ -72,10 +73,10 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // dq: the third product of the one-kernel backward (DqReduce below; NoDq: none): store_ds(da) writes dS to shared
 // memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
 // has been packed by then), add(s) adds the finished product to global memory after the last wait.
-template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq>
+template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2>
 __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2], unsigned sA_s, unsigned sB_s,
-                                          unsigned sA_dp, unsigned sB_dp, float (&acc1)[D / 2], unsigned sC1,
-                                          float (&acc2)[D / 2], unsigned sC2, const float* lse2, const float* delta,
+                                          unsigned sA_dp, unsigned sB_dp, float (&acc1)[DC2], unsigned sC1,
+                                          float (&acc2)[DC2], unsigned sC2, const float* lse2, const float* delta,
                                           float scale_log2, const fa::Mask& mask, int row0, int col0,
                                           const frag::Dropout& drop, const Dq& dq) {
     unsigned pa[R / 16][4], da[R / 16][4];  // P and dS as 16-bit A fragments
@@ -97,7 +98,7 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         pin(acc1);
         pin(pa);
         wgmma_fence();
-        issue_ab<D, R, BF16>(acc1, pa, sC1);
+        issue_ab<2 * DC2, R, BF16>(acc1, pa, sC1);
     }
     if constexpr (!DROPOUT) {
         wgmma_wait<KEY_ROWS ? 1 : 0>();  // dP is done (P C1 may still run)
@@ -109,7 +110,7 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
     pin(acc2);
     pin(da);
     wgmma_fence();
-    issue_ab<D, R, BF16>(acc2, da, sC2);  // dK += dS^T Q  (dQ += dS K)
+    issue_ab<2 * DC2, R, BF16>(acc2, da, sC2);  // dK += dS^T Q  (dQ += dS K)
     dq.issue(s);
     wgmma_wait<0>();
     pin(acc2);
@@ -219,9 +220,12 @@ __device__ __forceinline__ auto dq_of(unsigned sdS, unsigned sK, unsigned sdQ, f
 }
 
 // dK_j, dV_j for one tile of Bc = 64 NWG keys (warpgroup w: keys 64w .. 64w + 63) of K/V head blockIdx.y
-// (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g
+// (= b Hk + hk; grid (ceil(Nk / Bc) * NCOL, B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g
 // and for each over the tiles of Br queries that see any of the keys. K_j and V_j stay in shared memory; Q_i,
 // dO_i (and their lse, Delta) stream through two buffers. DQ: also dQ_i += dS_ij K_j into dQaccum (DqReduce).
+// D = 256: 64 keys' dK_j and dV_j would be 256 fp32 registers a thread, so a block holds DC = 128 of their
+// columns (NCOL = 2 blocks per K/V tile, blockIdx.x = tile * NCOL + column block) and computes S^T and dP^T,
+// over all of D, once per half (as mma_backward.cu does).
 template <int D, int NWG, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
 __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                                            const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
@@ -230,9 +234,11 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
                                            float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
                                            int window_left, int window_right, int group, float dropout_p,
                                            unsigned seed_lo, unsigned seed_hi) {
-    static_assert((D == 64 || D == 128) && (Br == 64 || Br == 128), "D and Br in {64, 128}");
-    static_assert(!DQ || (Br == 64 && NWG == 2), "the one-kernel backward: tiles of 64 queries, 2 warpgroups");
+    static_assert((D == 64 || D == 128 || D == 256) && (Br == 32 || Br == 64 || Br == 128),
+                  "D in {64, 128, 256}, Br in {32, 64, 128}");
+    static_assert(!DQ || (Br == 64 && NWG == 2 && D <= 128), "the one-kernel backward: tiles of 64 queries, 2 warpgroups");
     constexpr int Bc = 64 * NWG, NTHREADS = NWG * 128;
+    constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per K/V tile
     constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = DQ ? Br * Bc * 2 + 64 * D * 4 : 0;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* smem;
@@ -247,7 +253,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32, wg = warp / 4;
-    const int k0 = blockIdx.x * Bc, wkey = 64 * wg + 16 * (warp % 4);  // block's first key, warp's first row
+    const int k0 = (blockIdx.x / NCOL) * Bc, wkey = 64 * wg + 16 * (warp % 4);  // block's first key, warp's first row
+    const int col0 = (blockIdx.x % NCOL) * DC;  // the block's first column of dK_j, dV_j (a 64-column panel's)
     const unsigned sK_wg = sK + 64 * wg * 128, sV_wg = sV + 64 * wg * 128;  // the warpgroup's 64 keys
     const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
     long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
@@ -269,7 +276,7 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     if (tiles.count > 0) stream(0, 0);
     cp_async_commit();
 
-    float dk[D / 2], dv[D / 2];  // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
+    float dk[DC / 2], dv[DC / 2];  // the warpgroup's 64 rows of dK_j and dV_j (DC columns), summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T: 64 keys x Br queries (DQ: then dQ_i)
     zero(dk);
     zero(dv);
@@ -285,10 +292,11 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
             if (t + 1 < tiles.count) stream(t + 1, buf ^ 1);  // tile t + 1 loads while tile t is computed
             cp_async_commit();
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
+            const unsigned panel = (col0 / 64) * Br * 128;  // the block's columns of Q_i and dO_i
             const auto dq = dq_of<DQ, D, NWG, Br, BF16>(sdS, sK, sdQ, dq_head + (long long)i0 * D);
             tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,  // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
-                                                     dv, db,   // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
-                                                     dk, qb,   // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
+                                                     dv, db + panel,  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
+                                                     dk, qb + panel,  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
                                                      sL + buf * Br, sDl + buf * Br, scale_log2, mask, k0 + wkey, i0,
                                                      drop, dq);  // DQ: dQ_i += dS_ij K_j (atomic adds)
         }
@@ -302,8 +310,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     }
     dq_of<DQ, D, NWG, Br, BF16>(sdS, sK, sdQ, dq_head).finish();
     const float softmax_scale = scale_log2 * FA_LN2;
-    frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
-    frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+    frag::store_rows<D, BF16, DC>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale, col0);  // dK_j = scale dS^T Q
+    frag::store_rows<D, BF16, DC>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f, col0);
 }
 
 }  // namespace wgmma_bwd_detail
@@ -535,7 +543,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
-    static_assert((D == 64 || D == 128) && (Bc == 64 || Bc == 128), "D and Bc in {64, 128}");
+    static_assert((D == 64 || D == 128 || D == 256) && (Bc == 32 || Bc == 64 || Bc == 128),
+                  "D in {64, 128, 256}, Bc in {32, 64, 128}");
     constexpr int Br = 64 * NWG, NTHREADS = NWG * 128;
     constexpr unsigned Q_BYTES = Br * D * 2, KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -660,4 +669,6 @@ FA_WGMMA_BWD_INST(64, 2, 64, false)
 FA_WGMMA_BWD_INST(64, 2, 64, true)
 FA_WGMMA_BWD_INST(128, 2, 64, false)
 FA_WGMMA_BWD_INST(128, 2, 64, true)
+FA_WGMMA_BWD_INST(256, 2, 32, false)
+FA_WGMMA_BWD_INST(256, 2, 32, true)
 #endif
