@@ -6,11 +6,11 @@ The ladder (``KERNELS``), each a readable ``.cu`` file in ``flash_attention_cuda
 
     naive   one thread per query row, K/V tiles in shared memory, online softmax (fp32)
     tiled   block-cooperative tiles, warp shuffles, float4 loads: the four device functions (fp32)
-    mma     tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffering (fp16/bf16, D 64/128)
+    mma     tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffering (fp16/bf16, D 64/128/256)
     wgmma   Hopper tensor cores: warpgroup wgmma.mma_async from swizzled shared memory, softmax
-            overlapped with the next product (fp16/bf16, D 64/128, compute capability 9.0 only)
-    backward: recompute from the saved lse, used by autograd: mma_backward.cu (tensor cores, fp16/bf16,
-              D 64/128) or backward.cu (fp32 tiled kernels, everything else)
+            overlapped with the next product (fp16/bf16, D 64/128/256, compute capability 9.0 only)
+    backward: recompute from the saved lse, used by autograd: wgmma_backward.cu (Hopper) or mma_backward.cu
+              (tensor cores, fp16/bf16, D <= 256) or backward.cu (fp32 tiled kernels, everything else)
 
 The modules: ``launcher.py`` (the public functions and their input checks), ``capabilities.py`` (what
 each kernel takes, the Hopper decision, the probes), ``launch_specs.py`` (grid, block, shared memory and

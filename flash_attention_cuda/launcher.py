@@ -70,8 +70,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
 
     Returns O (B, Hq, Nq, D) in q's dtype (and lse (B, Hq, Nq)). A row that sees no key gives O = 0, lse = -inf.
     Differentiable for torch tensors: the backward recomputes from the saved lse, on tensor cores for
-    fp16/bf16 (on a Hopper ``wgmma_bwd_ws`` for D <= 128, else ``kernels/mma_backward.cu``; D padded as in the
-    forward), else with the fp32 kernels (fp16/bf16 upcast, D <= 128). For torch tensors that need gradients, and under ``torch.compile``,
+    fp16/bf16 (on a Hopper ``wgmma_bwd_ws`` for D <= 128 and the two-kernel wgmma backward above, else
+    ``kernels/mma_backward.cu``; D padded as in the forward), else with the fp32 kernels (fp16/bf16 upcast,
+    D <= 128). For torch tensors that need gradients, and under ``torch.compile``,
     the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
     ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
     """
@@ -149,11 +150,11 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     kernel: 'wgmma-ws' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: one kernel on warpgroup tensor
     cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
-    without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic) |
+    without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic; D <= 256) |
     'mma' (fp16/bf16, D <= 256 (padded to 64, 128 or 256), compute capability >= 8.0: mma.sync tensor cores, fp32
     accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
-    fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, else mma where it
-    applies, else tiled).
+    fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, wgmma above it, else
+    mma where it applies, else tiled).
     """
     q, k, v, o, do, scale, kernel, window, dropout = check_backward(
         q, k, v, o, lse, do, causal=causal, softmax_scale=softmax_scale, kernel=kernel, fn="flash_attn_cuda_backward",

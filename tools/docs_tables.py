@@ -562,7 +562,45 @@ def t_variants_compare(R, lang):
     return table(header, out, right={2, 3, 6, 7, 8})
 
 
+HDIM256 = "cuda/hdim256/hopper_summary.json"  # head dim 256, every GPU backend beside FA2 and cuDNN
+CUDA_RUNGS = ("cuda-wgmma-ws", "cuda-wgmma", "cuda-mma")
+
+
+def t_hdim256(R, lang):
+    """Head dim 256 (docs/results/cuda/hdim256/hopper_summary.json), N >= 4096: TFLOP/s per backend and the
+    fastest CUDA rung over FA2 and over cuDNN."""
+    names = ("sdpa-flash", "sdpa-cudnn", "triton") + CUDA_RUNGS
+    out = []
+    for r in R.json(HDIM256)["rows"]:
+        if r["N"] < 4096:
+            continue
+        t = r["tflops"]
+        best = max(t.get(n) or 0 for n in CUDA_RUNGS)
+        out.append([r["mode"], SHORT_DTYPE[r["dtype"]], r["N"], H(lang, "yes", "是") if r["causal"] else H(lang, "no", "否")]
+                   + [f0(t[n]) if t.get(n) else DASH for n in names]
+                   + [f"{best / t['sdpa-flash']:.2f}×", f"{best / t['sdpa-cudnn']:.2f}×"])
+    header = [H(lang, "mode", "模式"), H(lang, "dtype", "数据类型"), "N", H(lang, "causal", "因果"), "FA2", "cuDNN",
+              "triton", "cuda-wgmma-ws", "cuda-wgmma", "cuda-mma", H(lang, "best CUDA / FA2", "CUDA 最快者 / FA2"),
+              H(lang, "best CUDA / cuDNN", "CUDA 最快者 / cuDNN")]
+    return table(header, out, right=set(range(4, 12)))
+
+
+def hdim256_figures(R):
+    """The head-dim-256 figures quoted in performance.md §7, backend_cuda.md and the README."""
+    rows = [r for r in R.json(HDIM256)["rows"] if r["N"] >= 4096]
+
+    def vs(mode, name, den):
+        return span(_ratio_span([r for r in rows if r["mode"] == mode], (name,), den), f2, "×")
+
+    fwd = f"{vs('fwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2 and {vs('fwd', 'cuda-wgmma-ws', 'sdpa-cudnn')} cuDNN"
+    bwd = f"{vs('bwd', 'cuda-wgmma', 'sdpa-flash')} FA2 and {vs('bwd', 'cuda-wgmma', 'sdpa-cudnn')} cuDNN"
+    mma = vs("bwd", "cuda-mma", "sdpa-flash")
+    return [("docs/performance.md", fwd), ("docs/performance.md", bwd), ("docs/performance.md", f"{mma} FA2"),
+            ("docs/backend_cuda.md", fwd), ("docs/backend_cuda.md", bwd), ("README.md", fwd)]
+
+
 TABLES = {
+    "hdim256": t_hdim256,
     "cpu-memory": t_cpu_memory,
     "cpu-accuracy": t_cpu_accuracy,
     "gpu-summary": t_gpu_summary,
@@ -701,7 +739,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
