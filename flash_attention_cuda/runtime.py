@@ -12,6 +12,12 @@
   no bfloat16), which is the same memory.
 * Streams: kernels run on torch's current stream (``cupy.cuda.ExternalStream``), or on CuPy's current
   stream for CuPy inputs (``Stream``).
+* Launches: CuPy's kernel call costs 25-40 us of Python per launch (device and stream context managers, every
+  argument converted by its type on every call, a tensor map read through NumPy's array interface). For torch
+  tensors on the current device, ``launch`` calls the driver's ``cuLaunchKernel`` through ctypes instead, with
+  the parameters of each launch plan packed once (``Packed``): a call writes only the buffers' addresses and
+  the tensor maps' into their slots. Anything else (CuPy arrays, ``as_cupy`` arguments, another device) goes
+  through CuPy, as does a launch the driver refuses (so that CuPy raises its error).
 * Shared memory above 48 KiB needs an opt-in per kernel (``launch`` sets it once).
 * Tensor maps: wgmma_ws.cu's copy engine (TMA) reads q, k, v through 128-byte descriptors the driver encodes
   (``tensor_map``: cuTensorMapEncodeTiled through ctypes, cached per address and shape), passed by value as
@@ -34,7 +40,7 @@ from flash_attention_py.validation import array_kind
 
 __all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", "get_kernel", "compute_capability",
            "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert", "copy", "tensor_map",
-           "tensor_map_layout", "encode_tensor_map"]
+           "tensor_map_layout", "encode_tensor_map", "Packed"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "wgmma_ws.cu", "backward.cu", "mma_backward.cu",
@@ -157,6 +163,8 @@ class Stream:
 
             self.device_id = x.device.index if x.device.index is not None else torch.cuda.current_device()
             handle = torch.cuda.current_stream(x.device).cuda_stream
+            # the driver launch needs the device's context current: torch's current device
+            self.handle = handle if self.device_id == torch.cuda.current_device() else None
             self.stream = _STREAMS.get((handle, self.device_id))
             if self.stream is None:
                 with warnings.catch_warnings():  # CuPy 14 marks ExternalStream deprecated; it still works
@@ -165,7 +173,7 @@ class Stream:
                 _STREAMS[(handle, self.device_id)] = self.stream
         else:
             self.device_id = x.device.id
-            self.stream = None
+            self.stream = self.handle = None
 
     def run(self, kern, grid, block, args, shared_mem=0):
         import cupy
@@ -190,10 +198,97 @@ def launch(stream: Stream, spec, arrays: dict, as_arg=None) -> None:
         if kern.max_dynamic_shared_size_bytes < spec.smem:
             kern.max_dynamic_shared_size_bytes = spec.smem
         _SMEM_SET.add(id(kern))
+    if DRIVER_LAUNCH and stream.handle is not None and as_arg in (None, ptr) and _driver_launch(kern, stream.handle,
+                                                                                                  spec, arrays):
+        return
     to_arg = as_arg or ptr
     maps = tuple(tensor_map(arrays[name], rows) for _, name, rows in spec.maps)
     args = maps + tuple(to_arg(arrays[name]) for name in spec.buffers) + spec.scalar_values
     stream.run(kern, spec.grid, spec.block, args, shared_mem=spec.smem)
+
+
+# ------------------------------------------------------------------------------------ the driver's launch
+_CTYPE_OF = {"int32": "c_int32", "uint32": "c_uint32", "int64": "c_int64", "float32": "c_float"}
+DRIVER_LAUNCH = True  # False: every launch through CuPy (tools/host_profile.py times both)
+_LAUNCH_FN = None  # cuLaunchKernel through ctypes (False: not available here)
+_FUNCTIONS: dict = {}  # id(kernel) -> (kernel, its CUfunction handle)
+_PACKED = threading.local()  # per thread: id(spec) -> (spec, Packed); each thread writes its own slots
+_PACKED_MAX = 1024
+
+
+class Packed:
+    """cuLaunchKernel's ``kernelParams`` for one ``LaunchSpec``: an array of addresses, one per kernel parameter
+    in the kernel's order (tensor maps, then buffers, then scalars). The scalars' C values are written once,
+    here; ``fill`` writes a call's buffer addresses into their 8-byte slots and points the map parameters at
+    the call's encoded maps. The driver copies the values at launch, so the slots may be rewritten right after."""
+
+    def __init__(self, spec):
+        import ctypes
+
+        self.n_maps, self.n_bufs = len(spec.maps), len(spec.buffers)
+        self.ptrs = (ctypes.c_uint64 * max(self.n_bufs, 1))()
+        self.scalars = [getattr(ctypes, _CTYPE_OF[np.asarray(v).dtype.name])(v.item()) for v in spec.scalar_values]
+        self.params = (ctypes.c_void_p * (self.n_maps + self.n_bufs + len(self.scalars)))()
+        base = ctypes.addressof(self.ptrs)
+        for i in range(self.n_bufs):
+            self.params[self.n_maps + i] = base + 8 * i
+        for j, s in enumerate(self.scalars):
+            self.params[self.n_maps + self.n_bufs + j] = ctypes.addressof(s)
+        grid, block = tuple(spec.grid) + (1,) * (3 - len(spec.grid)), tuple(spec.block) + (1,) * (3 - len(spec.block))
+        self.dims = tuple(int(d) for d in grid + block)
+
+    def fill(self, spec, arrays) -> None:
+        # the call's maps stay referenced here until the next fill: a later map's encoding may evict them from
+        # the cache before the launch reads them
+        self.maps = [_map_entry(arrays[name], rows) for _, name, rows in spec.maps]
+        for i, (_, address) in enumerate(self.maps):
+            self.params[i] = address
+        for i, name in enumerate(spec.buffers):
+            self.ptrs[i] = arrays[name].data_ptr()
+
+
+def _packed(spec) -> Packed:
+    cache = getattr(_PACKED, "specs", None)
+    if cache is None:
+        cache = _PACKED.specs = {}
+    hit = cache.get(id(spec))
+    if hit is None:
+        if len(cache) >= _PACKED_MAX:
+            cache.pop(next(iter(cache)))
+        hit = cache[id(spec)] = (spec, Packed(spec))  # the entry keeps spec alive: its id is not reused
+    return hit[1]
+
+
+def _launch_fn():
+    global _LAUNCH_FN
+    if _LAUNCH_FN is None:
+        import ctypes
+        import sys
+
+        try:
+            lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuLaunchKernel
+        except (OSError, AttributeError):
+            _LAUNCH_FN = False
+            return _LAUNCH_FN
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn.restype = ctypes.c_int
+        _LAUNCH_FN = fn
+    return _LAUNCH_FN
+
+
+def _driver_launch(kern, stream_handle: int, spec, arrays: dict) -> bool:
+    """Launch ``kern`` with cuLaunchKernel on the stream ``stream_handle`` (torch tensors in ``arrays``); False
+    where that is not possible here or the driver refuses, and the caller goes through CuPy instead."""
+    fn = _launch_fn()
+    if not fn:
+        return False
+    func = _FUNCTIONS.get(id(kern))
+    if func is None:
+        func = _FUNCTIONS[id(kern)] = (kern, kern.kernel.ptr)  # kern is cached for good (get_kernel)
+    packed = _packed(spec)
+    packed.fill(spec, arrays)
+    return fn(func[1], *packed.dims, spec.smem, stream_handle, packed.params, None) == 0
 
 
 # ------------------------------------------------------------------------------------ tensor maps (TMA)
@@ -204,7 +299,7 @@ TMA_MAP_DTYPE = np.dtype({"names": ["words"], "formats": [("<u8", (16,))]})
 # CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
 _TMA_UINT16, _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE_128B, _TMA_L2_256B, _TMA_OOB_ZERO = 1, 0, 3, 3, 0
 TMA_BOX_COLUMNS = 64  # 64 16-bit columns = one 128-byte swizzle row: a (rows, D) tile is D / 64 boxes
-_MAPS: dict = {}  # (address, shape, box rows) -> encoded map
+_MAPS: dict = {}  # (address, shape, box rows) -> (encoded map, its host address)
 _MAPS_MAX = 256
 _ENCODE = None
 
@@ -254,13 +349,19 @@ def encode_tensor_map(address: int, dims, strides, box):
 def tensor_map(x, rows: int):
     """The tensor map of x, a contiguous 16-bit (B, H, N, D) tensor at a 16-byte aligned address, read in boxes of
     (rows, 64) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes each once."""
+    return _map_entry(x, rows)[0]
+
+
+def _map_entry(x, rows: int) -> tuple:
+    """(x's tensor map, the host address of its 128 bytes), encoded once per (address, shape, rows)."""
     key = (ptr(x), tuple(x.shape), rows)
-    m = _MAPS.get(key)
-    if m is None:
+    entry = _MAPS.get(key)
+    if entry is None:
         if len(_MAPS) >= _MAPS_MAX:
             _MAPS.pop(next(iter(_MAPS)))
-        m = _MAPS[key] = encode_tensor_map(key[0], *tensor_map_layout(x.shape, rows))
-    return m
+        m = encode_tensor_map(key[0], *tensor_map_layout(x.shape, rows))
+        entry = _MAPS[key] = (m, m.__array_interface__["data"][0] if isinstance(m, np.ndarray) else None)
+    return entry
 
 
 # ------------------------------------------------------------------------------------ array plumbing

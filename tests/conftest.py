@@ -36,6 +36,7 @@ def recorded_launches(monkeypatch):
 
     class Stream:
         device_id = 0
+        handle = None  # no driver launch: every launch goes through run()
 
         def __init__(self, x):
             pass

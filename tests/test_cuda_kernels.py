@@ -342,6 +342,44 @@ def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
         launch_specs.padded_head_dim(160, BACKWARD_HEAD_DIMS["wgmma-ws"])
 
 
+@pytest.mark.parametrize("make", ["wgmma_ws_fwd", "wgmma_bwd_ws", "mma_bwd_dkdv"])
+def test_driver_launch_packs_each_plan_once(make, monkeypatch):
+    """runtime.Packed, cuLaunchKernel's parameter array of a launch plan: one slot per kernel parameter in the
+    kernel's order (tensor maps, buffers, scalars). The scalars hold C values of the kernel's types, written once;
+    a call writes its buffers' addresses and points the map slots at its encoded maps."""
+    import ctypes
+
+    p = launch_specs.Problem(B=2, H=4, Nq=100, Nk=70, D=64, dtype="bfloat16", scale=-0.3, window=(5, 0), Hk=2,
+                             dropout_p=0.17, dropout_seed=2**40 + 3)
+    spec = getattr(launch_specs, make)(p)
+    maps = {}
+    monkeypatch.setattr(runtime, "_map_entry",
+                        lambda x, rows: maps.setdefault((id(x), rows), (object(), 0x1000 + 128 * len(maps))))
+
+    class Tensor:
+        def __init__(self, address):
+            self.address = address
+
+        def data_ptr(self):
+            return self.address
+
+    names = list(spec.buffers) + [name for _, name, _ in spec.maps]
+    arrays = {name: Tensor(0x7F0000000000 + 4096 * i) for i, name in enumerate(dict.fromkeys(names))}
+    packed = runtime.Packed(spec)
+    packed.fill(spec, arrays)
+    n_maps, n_bufs = len(spec.maps), len(spec.buffers)
+    assert len(packed.params) == n_maps + n_bufs + len(spec.scalars)
+    for i, (_, name, rows) in enumerate(spec.maps):
+        assert packed.params[i] == maps[(id(arrays[name]), rows)][1]
+    for i, name in enumerate(spec.buffers):
+        assert ctypes.c_uint64.from_address(packed.params[n_maps + i]).value == arrays[name].address
+    for j, value in enumerate(spec.scalar_values):
+        ctype = getattr(ctypes, runtime._CTYPE_OF[np.asarray(value).dtype.name])
+        assert ctype.from_address(packed.params[n_maps + n_bufs + j]).value == value.item()
+    grid, block = tuple(spec.grid) + (1,) * (3 - len(spec.grid)), tuple(spec.block) + (1,) * (3 - len(spec.block))
+    assert packed.dims == grid + block
+
+
 def test_auto_backward_above_128_runs_a_two_kernel_backward():
     """The one-kernel wgmma backwards stop at D = 128 (dK and dV of a 64-key tile would need 256 registers a
     thread); above it kernel='auto' runs the two-kernel wgmma backward on a Hopper, the mma one elsewhere, whose

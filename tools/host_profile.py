@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Where the host time of a CUDA-rung call goes: cProfile of many back-to-back calls at a tiny shape.
+
+    PYTHONPATH=. python tools/host_profile.py --out results/host_profile      # on a GPU
+
+At B=H=1, N=64, D=64 (fp16; the GPU time is a few microseconds, so the wall time per call is host time) it
+times, per call and with ``time.perf_counter`` over ``--calls`` calls after a warm-up:
+
+* ``flash_attn_cuda`` forward (kernel=auto), and the forward + backward through autograd (causal);
+* the pieces of a forward: the checks alone (``checks.check_forward_cached``), the two output allocations,
+  and ``runtime.launch`` of the already-built launch spec (the CuPy launch);
+* SDPA's FlashAttention-2 forward and forward + backward, for scale;
+* the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
+  driver's ``cuLaunchKernel``, to show what the direct launch saves.
+
+Then it runs cProfile over the forward and over the forward + backward and writes the top functions by own time.
+Writes ``host_profile.txt`` into --out and prints it.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+
+def per_call_us(fn, calls: int, sync) -> float:
+    for _ in range(20):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--kernel", default="auto")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    from flash_attention_cuda import flash_attn_cuda, launch_specs, runtime
+    from flash_attention_cuda.checks import check_forward_cached
+    from flash_attention_py.inputs import make_inputs
+
+    x = make_inputs(1, 1, 64, 64, 64, dtype="float16", device="cuda")
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    sync, n = torch.cuda.synchronize, args.calls
+
+    def fwd():
+        return flash_attn_cuda(q, k, v, kernel=args.kernel)
+
+    def fwd_bwd():
+        out = flash_attn_cuda(qg, kg, vg, causal=True, kernel=args.kernel)
+        return torch.autograd.grad(out, (qg, kg, vg), do)
+
+    def sdpa_fwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    def sdpa_fwd_bwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+        return torch.autograd.grad(out, (qg, kg, vg), do)
+
+    # the pieces of one forward
+    checked = check_forward_cached(q, k, v, causal=False, softmax_scale=None, kernel=args.kernel, return_lse=False,
+                                   fn="flash_attn_cuda", window_size=(-1, -1), dropout_p=0.0, dropout_seed=None)
+    _, _, _, scale, kernel, window, dropout = checked
+    p = launch_specs._problem(q, k, scale, window, dropout=dropout)
+    o, lse = runtime.empty(q, q.shape, p.dtype), runtime.empty(q, q.shape[:3], "float32")
+    spec = launch_specs.forward_spec(kernel, p, vec4=True)
+    stream = runtime.Stream(q)
+    arrays = dict(Q=q, K=k, V=v, O=o, LSE=lse)
+
+    def checks_only():
+        return check_forward_cached(q, k, v, causal=False, softmax_scale=None, kernel=args.kernel, return_lse=False,
+                                    fn="flash_attn_cuda", window_size=(-1, -1), dropout_p=0.0, dropout_seed=None)
+
+    def alloc_only():
+        return runtime.empty(q, q.shape, p.dtype), runtime.empty(q, q.shape[:3], "float32")
+
+    def launch_only():
+        runtime.launch(stream, spec, arrays)
+
+    def stream_only():
+        return runtime.Stream(q)
+
+    lines = [f"host time per call, microseconds ({torch.cuda.get_device_name()}, torch {torch.__version__}; "
+             f"B=H=1 N=64 D=64 fp16, kernel={args.kernel} -> {kernel}, {n} calls)", ""]
+    timed = (("flash_attn_cuda forward", fwd), ("  checks (cached)", checks_only),
+             ("  two output allocations", alloc_only), ("  runtime.Stream(q)", stream_only),
+             ("  runtime.launch of the built spec", launch_only),
+             ("flash_attn_cuda forward + backward (causal, autograd)", fwd_bwd),
+             ("sdpa FA2 forward", sdpa_fwd), ("sdpa FA2 forward + backward (causal)", sdpa_fwd_bwd))
+    for name, fn in timed:
+        lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
+    runtime.DRIVER_LAUNCH = False
+    lines.append("launches through CuPy (runtime.DRIVER_LAUNCH = False):")
+    for name, fn in (timed[0], timed[4], timed[5]):
+        lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
+    runtime.DRIVER_LAUNCH = True
+    for name, fn in (("forward", fwd), ("forward + backward", fwd_bwd)):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n // 2):
+            fn()
+        sync()
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        lines += ["", f"cProfile of {n // 2} calls of the {name}, by own time:", buf.getvalue()]
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "host_profile.txt"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
