@@ -152,6 +152,15 @@ _STREAMS: dict = {}  # (torch stream pointer, device) -> cupy.cuda.ExternalStrea
 _SMEM_SET: set = set()  # kernels whose dynamic shared-memory limit was raised already
 
 
+def _raw_stream(device_id: int) -> int:
+    """torch's current stream on the device, as the cudaStream_t address: torch's internal one-call query where it
+    has one (a few microseconds less a call than ``torch.cuda.current_stream(...).cuda_stream``)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
+
+
 class Stream:
     """The device and stream of one call: torch's current stream for torch tensors, CuPy's for CuPy arrays."""
 
@@ -162,7 +171,7 @@ class Stream:
             import torch
 
             self.device_id = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            handle = torch.cuda.current_stream(x.device).cuda_stream
+            handle = _raw_stream(self.device_id)
             # the driver launch needs the device's context current: torch's current device
             self.handle = handle if self.device_id == torch.cuda.current_device() else None
             self.stream = _STREAMS.get((handle, self.device_id))

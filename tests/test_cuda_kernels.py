@@ -380,6 +380,33 @@ def test_driver_launch_packs_each_plan_once(make, monkeypatch):
     assert packed.dims == grid + block
 
 
+@gpu
+def test_torch_tensors_launch_through_the_driver(monkeypatch):
+    """Every launch of a forward and backward on torch tensors goes through cuLaunchKernel (runtime.Packed), not
+    CuPy's kernel call; with runtime.DRIVER_LAUNCH off, the same calls go through CuPy and give the same bits."""
+    q, k, v, do = _inputs(2, 4, 100, 130, 64, "float16")
+    kernels = ["mma", "wgmma", "wgmma-ws"] if HOPPER_REASON is None else ["mma"]
+    direct = {}
+    real_run = runtime.Stream.run
+
+    def no_cupy(self, *a, **kw):
+        raise AssertionError("a launch went through CuPy")
+
+    monkeypatch.setattr(runtime.Stream, "run", no_cupy)
+    for kernel in kernels:
+        o, lse = flash_attn_cuda(q, k, v, causal=True, kernel=kernel, return_lse=True)
+        direct[kernel] = (o, lse) + flash_attn_cuda_backward(q, k, v, o, lse, do, causal=True,
+                                                             kernel="wgmma-ws" if kernel != "mma" else "mma")
+    monkeypatch.setattr(runtime.Stream, "run", real_run)
+    monkeypatch.setattr(runtime, "DRIVER_LAUNCH", False)
+    for kernel in kernels:  # the forwards are deterministic: the same bits both ways
+        o, lse = flash_attn_cuda(q, k, v, causal=True, kernel=kernel, return_lse=True)
+        assert torch.equal(o, direct[kernel][0]) and torch.equal(lse, direct[kernel][1]), kernel
+    o, lse = direct["mma"][:2]  # and so is the mma backward (two kernels, no atomics)
+    grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=True, kernel="mma")
+    assert all(torch.equal(a, b) for a, b in zip(grads, direct["mma"][2:]))
+
+
 def test_auto_backward_above_128_runs_a_two_kernel_backward():
     """The one-kernel wgmma backwards stop at D = 128 (dK and dV of a 64-key tile would need 256 registers a
     thread); above it kernel='auto' runs the two-kernel wgmma backward on a Hopper, the mma one elsewhere, whose
