@@ -54,7 +54,7 @@ CASES = [
     dict(B=1, H=1, Nq=1, Nk=257, D=64, core=False),  # one query (decoding)
     dict(B=1, H=1, Nq=17, Nk=130, D=96, core=False),
     dict(B=1, H=1, Nq=64, Nk=64, D=256, core=False),
-    dict(B=1, H=2, Nq=130, Nk=100, D=192, core=False),  # D > 128 over several tiles (CUDA: padded to 256)
+    dict(B=1, H=2, Nq=130, Nk=100, D=192, core=False, quick=False),  # D > 128 over several tiles (CUDA: padded to 256)
     dict(B=1, H=1, Nq=1000, Nk=1000, D=32, core=False),
     dict(B=2, H=2, Nq=64, Nk=48, D=64, layout="bnhd", core=True),  # non-contiguous inputs
 ]
@@ -228,14 +228,15 @@ def _param_id(backend, device, dtype, case, causal, scale) -> str:
 
 
 # the quick subset (pytest -m "not slow") runs the large cases and the non-default scales in a backend's first
-# dtype only; the full suite runs them in every dtype
+# dtype only, and no case marked quick=False; the full suite runs them in every dtype
 LARGE_SCORES = 257 * 257
 
 
 def harness_params(*, need_backward=False):
     """pytest params over (backend, device, dtype, case, causal, softmax_scale), only combinations the backend
     claims (its capability: devices, dtypes, head dims, backward). Marked ``slow`` (the full suite only): the
-    cases of at least ``LARGE_SCORES`` scores and the non-default scales in every dtype but the backend's first."""
+    cases of at least ``LARGE_SCORES`` scores and the non-default scales in every dtype but the backend's first,
+    and the cases marked ``quick=False``."""
     import pytest
 
     params = []
@@ -249,8 +250,9 @@ def harness_params(*, need_backward=False):
                 for causal in (False, True):
                     for c, scale in case_scales(cases, causal, b.supports_head_dim):
                         heavy = scale is not None or c["Nq"] * c["Nk"] >= LARGE_SCORES
+                        slow = (k > 0 and heavy) or not c.get("quick", True)
                         params.append(pytest.param(b, device, dtype, c, causal, scale,
-                                                   marks=[pytest.mark.slow] if k > 0 and heavy else [],
+                                                   marks=[pytest.mark.slow] if slow else [],
                                                    id=_param_id(b, device, dtype, c, causal, scale)))
     return params
 
