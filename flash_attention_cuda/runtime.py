@@ -272,11 +272,9 @@ def _launch_fn():
     global _LAUNCH_FN
     if _LAUNCH_FN is None:
         import ctypes
-        import sys
 
         try:
-            lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuLaunchKernel
+            fn = _libcuda().cuLaunchKernel
         except (OSError, AttributeError):
             _LAUNCH_FN = False
             return _LAUNCH_FN
@@ -321,12 +319,18 @@ def tensor_map_layout(shape, rows: int) -> tuple:
     return (D, N, B * H), (2 * D, 2 * D * N), (TMA_BOX_COLUMNS, rows, 1)
 
 
-def _driver_encode():
+def _libcuda():
+    """The CUDA driver library (ctypes), for the two driver calls made here: cuTensorMapEncodeTiled, cuLaunchKernel."""
     import ctypes
     import sys
 
-    lib = ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuTensorMapEncodeTiled
+    return ctypes.WinDLL("nvcuda.dll") if sys.platform == "win32" else ctypes.CDLL("libcuda.so.1")
+
+
+def _driver_encode():
+    import ctypes
+
+    fn = _libcuda().cuTensorMapEncodeTiled
     u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
