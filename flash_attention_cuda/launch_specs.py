@@ -404,8 +404,10 @@ def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
                       _tc_args(p))
 
 
-# wgmma_bwd_ws: slots of the ring that streams Q_i, dO_i (with lse and Delta), per head dim
-WGMMA_WS_BACKWARD_STAGES = {64: 2, 128: 2}
+# wgmma_bwd_ws: (Br queries per streamed tile, slots of the ring that streams Q_i, dO_i with lse and Delta), per
+# head dim. At D = 64 a tile of 64 queries is too little work between the block's per-tile waits and barriers:
+# tiles of 128 (FlashAttention-3's kBlockM at this head dim), with dQ split by rows between the warpgroups.
+WGMMA_WS_BACKWARD_CONFIGS = {64: (128, 2), 128: (64, 2)}
 # wgmma_bwd_ws splits a K/V head's group of query heads over blocks when the blocks of keys alone are fewer than
 # this (about 4 per SM of an H100's 132): MQA and few K/V heads would otherwise leave SMs idle
 WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
@@ -424,17 +426,20 @@ def ws_backward_splits(p: Problem) -> int:
 
 
 @_cached
-def wgmma_bwd_ws(p: Problem) -> LaunchSpec:
+def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
-    warpgroups of 64 keys (Bc = 128), tiles of 64 queries; q, k, v, dO reach it as tensor maps; dQ summed into the
-    float32 dQaccum (zeroed; ``dq_accum_shape``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the
-    partial dK, dV go to the float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
-    Bc, Br, stages = 128, 64, WGMMA_WS_BACKWARD_STAGES[p.D]
-    # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ (64, D)
-    # floats; sL and sDl STAGES x Br floats each; the mbarriers (kv_full, q_full and q_empty per stage); + alignment
-    smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + 64 * p.D * 4 + 2 * stages * Br * 4 \
-        + 8 * (1 + 2 * stages) + 1024
-    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
+    warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
+    (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum (zeroed;
+    ``dq_accum_shape``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
+    float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
+    Bc = 128
+    Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
+    # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ 2 buffers
+    # of 64 x D / 2 floats (Br = 128: of 64 x D); sL and sDl STAGES x Br floats each; the mbarriers (kv_full,
+    # q_full and q_empty per stage); + alignment
+    smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + (Br // 64) * 64 * p.D * 4 \
+        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 1024
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
                       ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
@@ -543,7 +548,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     than 64 and 128 zero-padded to the next, as in run_forward), 'wgmma' (Hopper) or 'mma' (fp16/bf16, D <= 256:
     padded to 64, 128 or 256; capabilities.BACKWARD_HEAD_DIMS), 'tiled' (fp32 kernels: other
     dtypes are converted to float32 and the gradients back) or 'auto' (capabilities.auto_backward). config: the
-    tile config of 'wgmma' or 'mma' (default: their tables).
+    tile config of 'wgmma', 'wgmma-ws' or 'mma' (default: their tables).
 
     q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (wgmma, mma): dK, dV (B, Hk, Nk, D) are summed
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma)."""
@@ -552,8 +557,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
         raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or "
                          f"'auto', got {kernel!r}")
-    if config is not None and kernel not in ("wgmma", "mma"):
-        raise ValueError(f"run_backward: config applies to kernel 'wgmma' or 'mma', got kernel {kernel!r}")
+    if config is not None and kernel not in ("wgmma", "mma", "wgmma-ws"):
+        raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma', got kernel {kernel!r}")
     D = q.shape[-1]
     tensor_cores = kernel in TENSOR_CORE_BACKWARDS
     dims = BACKWARD_HEAD_DIMS.get(kernel)
@@ -567,7 +572,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         if kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
             q, k, v, do = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, do))
-        one = wgmma_bwd_ws if kernel == "wgmma-ws" else wgmma_bwd_fused
+        one = (lambda p: wgmma_bwd_ws(p, config)) if kernel == "wgmma-ws" else wgmma_bwd_fused
         as_arg, specs = runtime.ptr, (mma_bwd_preprocess, one, wgmma_bwd_dq_store)
     elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))

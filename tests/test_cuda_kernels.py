@@ -214,7 +214,7 @@ def test_launch_specs_match_the_kernel_signatures():
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
             n_args = len(spec.name.split("<")[1].split(","))
             gqa = kernel.endswith(("mma_bwd_dkdv", "wgmma_bwd_fused")) and p.H != (p.Hk or p.H)
-            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5, "wgmma_bwd_ws": 3}.get(kernel, 4)
+            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5, "wgmma_bwd_ws": 4}.get(kernel, 4)
             assert n_args == n_base + (2 if gqa else p.dropout_p > 0), spec.name
 
 
@@ -650,6 +650,29 @@ def test_tensor_core_backward_matches_reference(kernel, dtype, D):
                 assert g.dtype == q.dtype and g.shape == r.shape and torch.isfinite(g).all(), name
                 assert _err(g, r) < tol * max(1.0, r.abs().max().item()), (name, Nq, Nk, causal, _err(g, r))
                 assert _err(g, t) < 2 * tol * max(1.0, r.abs().max().item()), (name, Nq, Nk, causal)
+
+
+@gpu
+@hopper
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ws_backward_tiles_of_64_and_128_queries(dtype):
+    """wgmma_bwd_ws at D = 64 streams tiles of 128 queries (dQ split by rows between the warpgroups); tiles of 64
+    (its config at D = 128, dQ split by columns) stay selectable. Both against the float64 gradients, with Nq
+    ending inside the first or the second half of its last 128-query tile (130, 200), one query, Nq < Nk and a
+    window, and against each other (dK, dV: the same sums in another order of tiles; dQ: summed by the copy
+    engine)."""
+    assert launch_specs.WGMMA_WS_BACKWARD_CONFIGS[64][0] == 128
+    tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    for (Nq, Nk), window in (((130, 130), FULL), ((200, 333), CAUSAL), ((1, 257), FULL), ((450, 450), (37, 5))):
+        q, k, v, do = _inputs(2, 3, Nq, Nk, 64, dtype)
+        o, lse = launch_specs.run_forward(q, k, v, window, 0.125, "mma")
+        ref = attention_reference_grads(q, k, v, do, softmax_scale=0.125, window_size=window)
+        by_tile = {br: launch_specs.run_backward(q, k, v, o, lse, do, window, 0.125, "wgmma-ws", (br, 2))
+                   for br in (64, 128)}
+        for name, g64, g128, r in zip(("dq", "dk", "dv"), by_tile[64], by_tile[128], ref):
+            scale = max(1.0, r.abs().max().item())
+            assert _err(g128, r) < tol * scale and _err(g64, r) < tol * scale, (name, Nq, Nk, window)
+            assert _err(g128, g64) < tol * scale, (name, Nq, Nk, window)
 
 
 @gpu

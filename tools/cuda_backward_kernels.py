@@ -6,11 +6,11 @@
 For each head dim, N and causal (B4 H16 fp16 by default): the backward kernels alone (``launch_specs.run_backward``:
 Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' and with kernel 'wgmma' for each candidate
 (warpgroups, streamed tile rows), kernel 'wgmma-fused' (one kernel, dQ summed atomically), kernel 'wgmma-ws' (that kernel
-warp-specialised), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
+warp-specialised; its default config and the others of ``WS_CANDIDATES``, "wgmma-ws Br<queries per tile>"), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
 one recorded forward). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 2.5 x 4·B·H·N²·D (x0.5
 causal). Writes ``backward_kernels.json`` and ``backward_kernels.md`` into --out. It is the measurement behind
 ``capabilities.HOPPER_BACKWARD``, ``HOPPER_WIDE_BACKWARD`` (D = 256: ``--head-dims 256``) and
-``launch_specs.WGMMA_BACKWARD_CONFIGS``.
+``launch_specs.WGMMA_BACKWARD_CONFIGS``, ``WGMMA_WS_BACKWARD_CONFIGS``.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import subprocess
 import sys
 
 CANDIDATES = {64: [(2, 64), (2, 128), (3, 64)], 128: [(2, 64), (1, 64), (3, 64)], 256: [(1, 32), (2, 32), (1, 64)]}
+# wgmma-ws configs (queries per tile, stages) timed beside its default (launch_specs.WGMMA_WS_BACKWARD_CONFIGS)
+WS_CANDIDATES = {64: [(64, 2)], 128: []}
 
 
 def main(argv=None) -> int:
@@ -63,6 +65,9 @@ def main(argv=None) -> int:
             if not BACKWARD[one].supports("float16", D):  # the one-kernel backwards stop at D = 128
                 continue
             ms[one] = do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, one))
+        for cfg in WS_CANDIDATES.get(D, []):
+            ms[f"wgmma-ws Br{cfg[0]}"] = do_bench(
+                lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws", cfg))
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
             with sdpa_kernel(backend):

@@ -50,30 +50,64 @@ __device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, 
 //   dS_ij = P_ij o (dP_ij - Delta_i)
 // and P_ij = dS_ij = 0 on the pairs the mask hides (0, not 0 * NaN: a hidden pair gets no gradient from a NaN
 // row), checked pair by pair only where the mask does not call the warp's block full, and on the last key tile
-// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf).
+// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf). The arithmetic runs on every pair, and a
+// block that needs the mask then zeroes its hidden pairs in a second pass (zero_hidden): a per-pair
+// `check && !visible` compiles to a branch and a select around every element, which in the backward's profile
+// (wgmma_bwd_ws, H100) took more issue slots than the arithmetic.
 // lse2 / delta: the queries' values, indexed by the fragment column (KEY_ROWS: shared, one per query of the
 // tile) or by h = e / 2 (the thread's two query rows g, g + 8, in registers). row0 / col0: the global index of
 // the block's row 0 / column 0.
 // DROPOUT: P_ij comes back as P_ij o Z_ij / (1 - p) (what dV needs), and dS_ij = P_ij o (dP_ij o Z_ij / (1 - p)
 // - Delta_i), Z_ij drawn from `drop` (whose query head is the tile's).
-template <bool KEY_ROWS, bool DROPOUT, int NT>
-__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
-                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
-                                         int col0, const Dropout& drop) {
-    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+
+// every pair of the block that the mask hides -> 0, in x and (ZERO_Y) y: the second pass of a block that needs
+// the mask, after the arithmetic has run on every pair
+template <bool KEY_ROWS, bool ZERO_Y, int NT>
+__device__ __forceinline__ void zero_hidden(float (&x)[NT][4], float (&y)[NT][4], const fa::Mask& mask, int row0,
+                                            int col0) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
-            float z = 1.0f;  // Z_ij / (1 - p)
-            if constexpr (DROPOUT) z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);
-            const float dS = P * (DROPOUT ? dS_ij[n][e] * z - delta[slot] : dS_ij[n][e] - delta[slot]);  // dP_ij
-            const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
-            P_ij[n][e] = hidden ? 0.0f : (DROPOUT ? P * z : P);
-            dS_ij[n][e] = hidden ? 0.0f : dS;
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e);
+            if (!(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c))) {
+                x[n][e] = 0.0f;
+                if constexpr (ZERO_Y) y[n][e] = 0.0f;
+            }
         }
+}
+
+template <bool KEY_ROWS, int NT>
+__device__ __forceinline__ void p_tile(float (&P_ij)[NT][4], const float* lse2, float scale_log2,
+                                       const fa::Mask& mask, int row0, int col0);
+template <bool KEY_ROWS, int NT>
+__device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_ij)[NT][4], const float* delta,
+                                        const fa::Mask& mask, int row0, int col0);
+
+// Without dropout, p_tile then ds_tile (below). With it the test stays pair by pair, beside the keep mask's
+// Philox draw: a second pass there makes ptxas spill (hundreds of bytes a thread in wgmma_bwd_ws).
+template <bool KEY_ROWS, bool DROPOUT, int NT>
+__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
+                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                         int col0, const Dropout& drop) {
+    if constexpr (!DROPOUT) {
+        p_tile<KEY_ROWS>(P_ij, lse2, scale_log2, mask, row0, col0);
+        ds_tile<KEY_ROWS>(dS_ij, P_ij, delta, mask, row0, col0);
+    } else {
+        const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+                const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e]: S_ij here
+                const float z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);    // Z_ij / (1 - p)
+                const float dS = P * (dS_ij[n][e] * z - delta[slot]);                // dS_ij[n][e]: dP_ij here
+                const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
+                P_ij[n][e] = hidden ? 0.0f : P * z;
+                dS_ij[n][e] = hidden ? 0.0f : dS;
+            }
+    }
 }
 
 // The same step in two halves, for a kernel that overlaps them with its matrix products (no dropout):
@@ -82,28 +116,22 @@ __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT
 template <bool KEY_ROWS, int NT>
 __device__ __forceinline__ void p_tile(float (&P_ij)[NT][4], const float* lse2, float scale_log2,
                                        const fa::Mask& mask, int row0, int col0) {
-    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e] holds S_ij here
-            P_ij[n][e] = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c)) ? 0.0f : P;
-        }
+        for (int e = 0; e < 4; ++e)  // P_ij[n][e] holds S_ij here
+            P_ij[n][e] = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[KEY_ROWS ? acc_col(n, e) : e >> 1]));
+    if (tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0)) zero_hidden<KEY_ROWS, false>(P_ij, P_ij, mask, row0, col0);
 }
 template <bool KEY_ROWS, int NT>
 __device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_ij)[NT][4], const float* delta,
                                         const fa::Mask& mask, int row0, int col0) {
-    const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-            const float dS = P_ij[n][e] * (dS_ij[n][e] - delta[slot]);  // dS_ij[n][e] holds dP_ij here
-            dS_ij[n][e] = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c)) ? 0.0f : dS;
-        }
+        for (int e = 0; e < 4; ++e)  // dS_ij[n][e] holds dP_ij here
+            dS_ij[n][e] = P_ij[n][e] * (dS_ij[n][e] - delta[KEY_ROWS ? acc_col(n, e) : e >> 1]);
+    if (tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0)) zero_hidden<KEY_ROWS, false>(dS_ij, dS_ij, mask, row0, col0);
 }
 
 // The tiles to visit: `count` tiles from tile `first` on

@@ -69,11 +69,14 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // while dP is still running, dS while P C1 runs (with dropout, whose keep mask both need, P and dS are computed
 // together once both products are done). Every wgmma reads registers written by ordinary instructions only after
 // a wgmma.fence, and every register a wgmma uses is pinned (wgmma_ops::pin) until the wait that ends it.
+// DV_BEFORE_DS false (wgmma_bwd_ws's tiles of 128 queries): dS is computed right after P, before dV's product is
+// issued, so that P's 16-bit fragments are never live beside the fp32 S, dP and both accumulators (at 64 x 128
+// they would not fit in the 240 registers a consumer thread has).
 // lse2, delta, mask, row0, col0, drop: as bwd::p_and_ds takes them.
 // dq: the third product of the one-kernel backward (DqReduce below; NoDq: none): store_ds(da) writes dS to shared
 // memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
 // has been packed by then), add(s) adds the finished product to global memory after the last wait.
-template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2>
+template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2, bool DV_BEFORE_DS = true>
 __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2], unsigned sA_s, unsigned sB_s,
                                           unsigned sA_dp, unsigned sB_dp, float (&acc1)[DC2], unsigned sC1,
                                           float (&acc2)[DC2], unsigned sC2, const float* lse2, const float* delta,
@@ -92,6 +95,11 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         wgmma_wait<1>();  // S is done; dP may still run
         pin(s);
         bwd::p_tile<KEY_ROWS>(frags(s), lse2, scale_log2, mask, row0, col0);
+        if constexpr (!DV_BEFORE_DS) {  // dS first: P's fragments are not held beside S, dP and dS
+            wgmma_wait<0>();
+            pin(dp);
+            bwd::ds_tile<KEY_ROWS>(frags(dp), frags(s), delta, mask, row0, col0);
+        }
     }
     if constexpr (KEY_ROWS) {  // dV += P^T dO, issued before dS is known
         frag::pack_a<R / 8, BF16>(pa, frags(s));
@@ -100,7 +108,7 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         wgmma_fence();
         issue_ab<2 * DC2, R, BF16>(acc1, pa, sC1);
     }
-    if constexpr (!DROPOUT) {
+    if constexpr (!DROPOUT && DV_BEFORE_DS) {
         wgmma_wait<KEY_ROWS ? 1 : 0>();  // dP is done (P C1 may still run)
         pin(dp);
         bwd::ds_tile<KEY_ROWS>(frags(dp), frags(s), delta, mask, row0, col0);
@@ -147,14 +155,22 @@ struct NoDq {
 // with the 16-byte chunks of row r XOR-swizzled by r % 8 (a warp's stores spread over the banks);
 // wgmma_bwd_dq_store reads it back, times softmax_scale.
 // FIRST: the block's first thread of the NWG warpgroups (0; wgmma_bwd_ws: 128, after the producer warpgroup).
+// Br = 128 (wgmma_bwd_ws at D = 64, NWG = 2): the warpgroups split dQ_i by rows instead, warpgroup w computing
+// all D columns of queries [64 w, 64 w + 64) (dS_ij's rows 64 w .. as A; an n64 product, not an n32 one), and
+// handing the copy engine the whole 64 x D block of dQaccum those rows fall in (its NWG pieces, in their layout);
+// a block past Nq (valid_rows <= 64 w: the last tile of 128 queries may end inside its first 64) is not added.
 template <int D, int NWG, int Br, bool BF16, int FIRST = 0>
 struct DqReduce {
-    static constexpr int Bc = 64 * NWG, NQ = D / NWG;  // keys per block; dQ columns per warpgroup
+    static constexpr bool ROW_SPLIT = Br > 64;
+    static_assert(Br == 64 || (Br == 64 * NWG && D == 64), "tiles of 64 queries, or 64 per warpgroup at D = 64");
+    static constexpr int Bc = 64 * NWG, PQ = D / NWG;  // keys per block; columns of a piece of dQaccum's blocks
+    static constexpr int NQ = ROW_SPLIT ? D : PQ;       // dQ columns per warpgroup
     static constexpr unsigned BUF_BYTES = 64 * NQ * 4;  // a warpgroup's buffer
     unsigned sdS;    // (Br, Bc) 16-bit, swizzled: panel w = warpgroup w's keys
     unsigned sK;     // K_j: (Bc, D)
     unsigned sdQ;    // NWG buffers of 64 x NQ floats
-    float* dq_tile;  // dQaccum's block of the tile (64 x D floats: NWG pieces of 64 x NQ)
+    float* dq_tile;  // dQaccum's block(s) of the tile (Br / 64 blocks of 64 x D floats: NWG pieces of 64 x PQ)
+    int valid_rows = Br;  // the tile's queries before Nq
     // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 64) registers of
     // its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
     mutable float own[NQ < Br ? NQ / 2 : 1];
@@ -178,15 +194,21 @@ struct DqReduce {
         tma::named_sync(1, NWG * 128);            // ... and every warpgroup's panel is there
     }
     __device__ __forceinline__ void issue(float (&s)[Br / 2]) const {
-        const int c0 = ((threadIdx.x - FIRST) / 128) * NQ;  // this warpgroup's first dQ column
+        const int wg = (threadIdx.x - FIRST) / 128;
         pin(acc(s));
         wgmma_fence();
-        issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS, sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);  // dQ_i = dS_ij K_j
+        if constexpr (ROW_SPLIT) {  // dQ_i rows 64 wg .. = dS_ij (those rows) K_j: A starts 64 rows into each panel
+            issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS + wg * 64 * 128, sK);
+        } else {  // dQ_i columns wg NQ .. = dS_ij K_j (those columns)
+            const int c0 = wg * NQ;
+            issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS, sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);
+        }
     }
     __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
         pin(acc(s));
         const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(acc(s));
         const int wg = (threadIdx.x - FIRST) / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
+        if (ROW_SPLIT && 64 * wg >= valid_rows) return;  // rows past Nq: no block of dQaccum to add them to
         const unsigned buf = sdQ + wg * BUF_BYTES;
         if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
         tma::named_sync(2 + wg, 128);                          // ... before any thread writes it
@@ -194,14 +216,16 @@ struct DqReduce {
         for (int n = 0; n < NQ / 8; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (elements 2, 3)
-                const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0);  // c even: one 16-byte chunk
-                st_shared_v2(buf + 4 * (r * NQ + (((c >> 2) ^ (r & 7)) << 2) + (c & 3)), d[n][2 * h],
-                             d[n][2 * h + 1]);
+                // column c of the warpgroup's NQ: piece c / PQ of the block (its own piece without ROW_SPLIT),
+                // column c % PQ there; c even: one 16-byte chunk
+                const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0), piece = c / PQ, cc = c % PQ;
+                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (((cc >> 2) ^ (r & 7)) << 2) + (cc & 3)),
+                             d[n][2 * h], d[n][2 * h + 1]);
             }
         fence_proxy_async();  // the buffer is visible to the copy engine ...
         tma::named_sync(2 + wg, 128);  // ... once every thread of the warpgroup has written its part
         if (threadIdx.x % 128 == 0) {
-            tma::bulk_reduce_add(dq_tile + wg * 64 * NQ, buf, BUF_BYTES);  // dQaccum += the 64 x NQ block
+            tma::bulk_reduce_add(dq_tile + wg * 64 * NQ, buf, BUF_BYTES);  // dQaccum += the 64 x NQ block (piece)
             tma::bulk_commit();
         }
     }
@@ -376,7 +400,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // same as 2 (H100, D 64 and 128), and so did handing the dQ sums to a second producer warp (as FlashAttention-3
 // does), and, at D = 64, each warpgroup computing all of dQ_i over its own 64 keys (no barrier between the
 // warpgroups, twice the sums): the consumers' own bulk reduce-add of half of dQ_i each stays.
-template <int D, int STAGES, bool BF16, bool DROPOUT = false>
+template <int D, int Br, int STAGES, bool BF16, bool DROPOUT = false>
 __global__ void __launch_bounds__(384, 1)
     wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, const __grid_constant__ tma::TmaMap tmdO,
@@ -385,9 +409,10 @@ __global__ void __launch_bounds__(384, 1)
                  int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
-    static_assert(D == 64 || D == 128, "D in {64, 128}");
-    constexpr int NWG = 2, Bc = 128, Br = 64;  // consumer warpgroups, keys per block, queries per Q tile
-    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2;
+    static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)), "D in {64, 128}; Br 64 (or 128 at D = 64)");
+    constexpr int NWG = 2, Bc = 128;  // consumer warpgroups, keys per block
+    using Dq = DqReduce<D, NWG, Br, BF16, 128>;
+    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2, DQ_BYTES = NWG * Dq::BUF_BYTES;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* smem;
     const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays
@@ -395,8 +420,8 @@ __global__ void __launch_bounds__(384, 1)
     const unsigned sQ = sV + KV_BYTES;                   // STAGES x (Br, D): streamed
     const unsigned sdO = sQ + STAGES * Q_BYTES;          // STAGES x (Br, D): streamed
     const unsigned sdS = sdO + STAGES * Q_BYTES;         // 2 x (Br, Bc): dS_ij
-    const unsigned sdQ = sdS + 2 * DS_BYTES;             // (64, D) floats: dQ_i's sums on their way
-    constexpr unsigned ROWS_OFF = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES + 64 * D * 4;
+    const unsigned sdQ = sdS + 2 * DS_BYTES;             // NWG buffers of dQ_i's sums on their way
+    constexpr unsigned ROWS_OFF = 2 * KV_BYTES + 2 * STAGES * Q_BYTES + 2 * DS_BYTES + DQ_BYTES;
     float* sL = reinterpret_cast<float*>(smem + ROWS_OFF);  // STAGES x Br: lse, log2 units
     float* sDl = sL + STAGES * Br;                          // STAGES x Br: Delta
     const unsigned bars = sK + ROWS_OFF + 2 * STAGES * Br * 4;  // the mbarriers, 8 bytes each:
@@ -474,9 +499,9 @@ __global__ void __launch_bounds__(384, 1)
             const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
             const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
             tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
-            const DqReduce<D, NWG, Br, BF16, 128> dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D};
+            const Dq dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D, Nq - i0};
             // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
-            tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,
+            tile_pair<true, DROPOUT, D, Bc, Br, BF16, Dq, D / 2, Br == 64>(s, dp, sK_wg, qb, sV_wg, db,
                                                      dv, db,  // dV_j += P_ij^T dO_i
                                                      dk, qb,  // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
@@ -484,7 +509,7 @@ __global__ void __launch_bounds__(384, 1)
             tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
     }
-    DqReduce<D, NWG, Br, BF16, 128>{sdS, sK, sdQ, dQaccum}.finish();
+    Dq{sdS, sK, sdQ, dQaccum}.finish();
     if (gridDim.z == 1) {
         const float softmax_scale = scale_log2 * FA_LN2;
         frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
@@ -643,9 +668,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
      const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*,   \
      float*, int, int, float, int, int, int, float, unsigned, unsigned)
-#define FA_WGMMA_WS_BWD_INST(D, ST, BF)                                      \
-    template __global__ void wgmma_bwd_ws<D, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
-    template __global__ void wgmma_bwd_ws<D, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
+#define FA_WGMMA_WS_BWD_INST(D, BR, ST, BF)                                      \
+    template __global__ void wgmma_bwd_ws<D, BR, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
+    template __global__ void wgmma_bwd_ws<D, BR, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
 #define FA_WGMMA_KV_SUM_INST(BF)                                                                              \
     template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, \
                                                   float);
@@ -655,10 +680,12 @@ FA_WGMMA_FUSED_INST(64, false)
 FA_WGMMA_FUSED_INST(64, true)
 FA_WGMMA_FUSED_INST(128, false)
 FA_WGMMA_FUSED_INST(128, true)
-FA_WGMMA_WS_BWD_INST(64, 2, false)
-FA_WGMMA_WS_BWD_INST(64, 2, true)
-FA_WGMMA_WS_BWD_INST(128, 2, false)
-FA_WGMMA_WS_BWD_INST(128, 2, true)
+FA_WGMMA_WS_BWD_INST(64, 128, 2, false)
+FA_WGMMA_WS_BWD_INST(64, 128, 2, true)
+FA_WGMMA_WS_BWD_INST(64, 64, 2, false)
+FA_WGMMA_WS_BWD_INST(64, 64, 2, true)
+FA_WGMMA_WS_BWD_INST(128, 64, 2, false)
+FA_WGMMA_WS_BWD_INST(128, 64, 2, true)
 FA_WGMMA_KV_SUM_INST(false)
 FA_WGMMA_KV_SUM_INST(true)
 FA_WGMMA_DQ_STORE_INST(64, false)
