@@ -424,7 +424,9 @@ def t_hopper_targets(R, lang):
         lo = min(vals)
         if lo >= target:
             return H(lang, "met", "达到")
-        return H(lang, f"no: {lo:.2f}× at worst, {target - lo:.2f} short", f"否：最差 {lo:.2f}×，差 {target - lo:.2f}")
+        digits = 2 if round(target - lo, 2) > 0 else 3  # a shortfall under 0.005 is shown, not rounded to 0.00
+        return H(lang, f"no: {lo:.{digits}f}× at worst, {target - lo:.{digits}f} short",
+                 f"否：最差 {lo:.{digits}f}×，差 {target - lo:.{digits}f}")
 
     out = []
     ours_fwd = _ratio_span(fwd, OURS_FWD, "sdpa-cudnn")

@@ -388,7 +388,10 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // the other's 64 columns of dS_ij), and nowhere else: dS_ij alternates between two buffers, so a warpgroup
 // writing tile u + 2's dS cannot overwrite what the other's dQ product of tile u + 1 is still reading (it has
 // passed tile u + 2's barrier, which the other reaches only when it is done with tile u + 1).
-// Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of 64 rows, k and v as (B Hk, Nk, D)
+// Br: queries per streamed tile, 64, or 128 at D = 64 (launch_specs.WGMMA_WS_BACKWARD_CONFIGS: at D = 64 a tile of 64
+// queries is too little work between a tile's waits and barriers); with 128 the consumers split dQ_i by rows
+// (DqReduce) and compute dS before issuing dV's product (tile_pair's DV_BEFORE_DS), for registers.
+// Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of Br rows, k and v as (B Hk, Nk, D)
 // with boxes of 128 rows; rows past Nq or Nk come in as zeros.
 // Grid (ceil(Nk / Bc), B Hk, splits). With few K/V heads (MQA: one) there are too few blocks of keys for the
 // SMs, so the group's query heads may be split over gridDim.z = splits blocks, each taking ceil(group / splits)
