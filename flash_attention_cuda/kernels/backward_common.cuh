@@ -77,39 +77,6 @@ __device__ __forceinline__ void zero_hidden(float (&x)[NT][4], float (&y)[NT][4]
         }
 }
 
-template <bool KEY_ROWS, int NT>
-__device__ __forceinline__ void p_tile(float (&P_ij)[NT][4], const float* lse2, float scale_log2,
-                                       const fa::Mask& mask, int row0, int col0);
-template <bool KEY_ROWS, int NT>
-__device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_ij)[NT][4], const float* delta,
-                                        const fa::Mask& mask, int row0, int col0);
-
-// Without dropout, p_tile then ds_tile (below). With it the test stays pair by pair, beside the keep mask's
-// Philox draw: a second pass there makes ptxas spill (hundreds of bytes a thread in wgmma_bwd_ws).
-template <bool KEY_ROWS, bool DROPOUT, int NT>
-__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
-                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
-                                         int col0, const Dropout& drop) {
-    if constexpr (!DROPOUT) {
-        p_tile<KEY_ROWS>(P_ij, lse2, scale_log2, mask, row0, col0);
-        ds_tile<KEY_ROWS>(dS_ij, P_ij, delta, mask, row0, col0);
-    } else {
-        const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-                const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e]: S_ij here
-                const float z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);    // Z_ij / (1 - p)
-                const float dS = P * (dS_ij[n][e] * z - delta[slot]);                // dS_ij[n][e]: dP_ij here
-                const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
-                P_ij[n][e] = hidden ? 0.0f : P * z;
-                dS_ij[n][e] = hidden ? 0.0f : dS;
-            }
-    }
-}
-
 // The same step in two halves, for a kernel that overlaps them with its matrix products (no dropout):
 // p_tile turns S_ij into P_ij as soon as S is ready; ds_tile turns dP_ij into dS_ij = P_ij o (dP_ij - Delta_i)
 // later, from that P_ij. Same arguments, same arithmetic and the same zeros as p_and_ds.
@@ -132,6 +99,32 @@ __device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_i
         for (int e = 0; e < 4; ++e)  // dS_ij[n][e] holds dP_ij here
             dS_ij[n][e] = P_ij[n][e] * (dS_ij[n][e] - delta[KEY_ROWS ? acc_col(n, e) : e >> 1]);
     if (tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0)) zero_hidden<KEY_ROWS, false>(dS_ij, dS_ij, mask, row0, col0);
+}
+
+// Both halves at once: without dropout, p_tile then ds_tile. With it the test stays pair by pair, beside the
+// keep mask's Philox draw: a second pass there makes ptxas spill (hundreds of bytes a thread in wgmma_bwd_ws).
+template <bool KEY_ROWS, bool DROPOUT, int NT>
+__device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
+                                         const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                         int col0, const Dropout& drop) {
+    if constexpr (!DROPOUT) {
+        p_tile<KEY_ROWS>(P_ij, lse2, scale_log2, mask, row0, col0);
+        ds_tile<KEY_ROWS>(dS_ij, P_ij, delta, mask, row0, col0);
+    } else {
+        const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+                const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e]: S_ij here
+                const float z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);    // Z_ij / (1 - p)
+                const float dS = P * (dS_ij[n][e] * z - delta[slot]);                // dS_ij[n][e]: dP_ij here
+                const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
+                P_ij[n][e] = hidden ? 0.0f : P * z;
+                dS_ij[n][e] = hidden ? 0.0f : dS;
+            }
+    }
 }
 
 // The tiles to visit: `count` tiles from tile `first` on

@@ -76,7 +76,8 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // dq: the third product of the one-kernel backward (DqReduce below; NoDq: none): store_ds(da) writes dS to shared
 // memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
 // has been packed by then), add(s) adds the finished product to global memory after the last wait.
-template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2, bool DV_BEFORE_DS = true>
+template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2,
+          bool DV_BEFORE_DS = true>
 __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2], unsigned sA_s, unsigned sB_s,
                                           unsigned sA_dp, unsigned sB_dp, float (&acc1)[DC2], unsigned sC1,
                                           float (&acc2)[DC2], unsigned sC2, const float* lse2, const float* delta,
@@ -101,7 +102,7 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
             bwd::ds_tile<KEY_ROWS>(frags(dp), frags(s), delta, mask, row0, col0);
         }
     }
-    if constexpr (KEY_ROWS) {  // dV += P^T dO, issued before dS is known
+    if constexpr (KEY_ROWS) {  // dV += P^T dO (issued before dS is known when DV_BEFORE_DS)
         frag::pack_a<R / 8, BF16>(pa, frags(s));
         pin(acc1);
         pin(pa);
@@ -412,10 +413,12 @@ __global__ void __launch_bounds__(384, 1)
                  int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
-    static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)), "D in {64, 128}; Br 64 (or 128 at D = 64)");
+    static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)),
+                  "D in {64, 128}; Br 64 (or 128 at D = 64)");
     constexpr int NWG = 2, Bc = 128;  // consumer warpgroups, keys per block
     using Dq = DqReduce<D, NWG, Br, BF16, 128>;
-    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2, DQ_BYTES = NWG * Dq::BUF_BYTES;
+    constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2;
+    constexpr unsigned DQ_BYTES = NWG * Dq::BUF_BYTES;  // the consumers' buffers of dQ sums
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* smem;
     const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays
