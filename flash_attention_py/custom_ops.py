@@ -123,6 +123,7 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
         def forward(ctx, q, k, v, causal, scale, *rest):
             o, lse = fwd_impl(q, k, v, causal, scale, *rest)
             fwd_setup_context(ctx, (q, k, v, causal, scale) + rest, (o, lse))
+            ctx.set_materialize_grads(False)  # lse's gradient stays None: no zero tensor filled per backward
             return o, lse
 
         @staticmethod
@@ -130,6 +131,8 @@ def attention_ops(name: str, *, public: str, forward: Callable, backward: Callab
             if torch.is_grad_enabled():  # create_graph=True: the backward op, whose own backward raises
                 return fwd_backward(ctx, do, dlse)
             q, k, v, o, lse = ctx.saved_tensors
+            if do is None:  # o was not used by the loss
+                do = torch.zeros_like(o)
             dq, dk, dv = bwd_impl(q, k, v, o, lse, do, ctx.causal, ctx.scale, *ctx.variant_args, *ctx.bwd_own_args)
             return (dq, dk, dv, None, None) + (None,) * (len(extra_args) + len(variant_args))
 

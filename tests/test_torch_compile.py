@@ -223,6 +223,21 @@ def test_cuda_ops_run_and_differentiate_without_a_gpu(recorded_launches):
     assert o.requires_grad and not lse.requires_grad
 
 
+
+def test_eager_twin_backward_fills_no_zero_gradient_for_lse(recorded_launches):
+    """The eager twin of the forward op (what a call outside torch.compile runs) does not materialise lse's
+    gradient: no zero tensor is filled on each backward for an output that is not differentiable."""
+    from flash_attention_cuda import library_ops
+
+    _cuda_ops()
+    x = make_inputs(1, 2, 33, 70, 64, dtype="float16", kind="torch", with_grad=True)
+    o, lse = library_ops.cuda_fwd.eager(x["q"], x["k"], x["v"], True, 0.3, "mma", -1, 0, 0.0, 0, 0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        o.backward(x["do"])
+    ops = {e.name for e in prof.events()}
+    assert not ops & {"aten::zeros", "aten::zeros_like", "aten::fill_", "aten::zero_"}, sorted(ops)
+    assert all(x[n].grad is not None for n in ("q", "k", "v"))
+
 # ------------------------------------------------------------------ GPU: inductor, fullgraph, opcheck
 GPU_BACKENDS = [  # (name, attention callable, dtype)
     ("triton-fp16", lambda q, k, v: flash_attn_triton(q, k, v, causal=True), torch.float16),
