@@ -652,3 +652,31 @@ def test_preset_summaries_are_what_docs_tables_reads():
         assert fn(R, "en").count("\n") > 2, fn.__name__
     assert dt.ladder_stats(R)["n"] == 12 and dt.backward_stats(R)["ratio"] and dt.triton_stats(R)["fwd_ratio"]
     assert got["cuda-backward"]["rows"][0]["max_abs_vs_fa2"] == {"dq": 1e-3, "dk": 2e-3, "dv": 3e-3}
+
+
+def test_kernel_breakdown_sums_each_kernel_per_call():
+    """tools/kernel_breakdown.py: profiler averages -> (kernel, µs per call, launches per call), longest first,
+    host-only rows dropped; the markdown names every backend and its total; no GPU: a clear exit."""
+    from types import SimpleNamespace as E
+
+    from tools import kernel_breakdown as kb
+
+    events = [E(key="void wgmma_bwd_ws<128, 64, 2, false, false>(tma::TmaMap, ...)", self_device_time_total=2000.0,
+                count=10), E(key="aten::empty", self_device_time_total=0.0, count=30),
+              E(key="void mma_bwd_preprocess<128, false>(unsigned short const*)", self_device_time_total=500.0,
+                count=10)]
+    rows = kb.kernel_rows(events, calls=10)
+    assert rows == [(events[0].key, 200.0, 1.0), (events[2].key, 50.0, 1.0)]
+    assert kb.short_name(events[0].key) == "wgmma_bwd_ws<128, 64, 2, false, false>"
+    text = kb.markdown([dict(title="full, backward", B=4, Hq=16, Hk=16, N=4096, D=128, dtype="float16",
+                             backends=[dict(name="cuda-wgmma-ws", kernels=rows, total_us=250.0),
+                                       dict(name="flex", error="NotImplementedError: no")])],
+                       dict(gpu="H100", git_commit="abc", command="python tools/kernel_breakdown.py --out x"))
+    assert "| cuda-wgmma-ws | `wgmma_bwd_ws<128, 64, 2, false, false>` | 1 | 200.0 |" in text
+    assert "**250.0**" in text and "| flex | not run: NotImplementedError: no | | |" in text
+    assert [c[0] for c in kb.cases()][0] == "window (256, 256), backward"
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="kernel_breakdown: needs a CUDA GPU"):
+            kb.main(["--out", "/tmp/unused"])
