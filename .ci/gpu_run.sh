@@ -16,6 +16,8 @@
 #   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
+#   bash .ci/gpu_run.sh --out results/gpu breakdown    # one call's GPU time kernel by kernel, ours beside FlexAttention
+#                                                      # and cuDNN (tools/kernel_breakdown.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
 # one archive, gpu_results.tgz (handy when the results are copied off a remote machine).
 # Each step has its own time limit, so one slow step cannot hide the others' results.
@@ -86,7 +88,10 @@ for step in "$@"; do
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
       echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu)"; exit 2 ;;
+    breakdown)
+      timeout "${BREAKDOWN_S:-300}" python3 tools/kernel_breakdown.py --out "$OUT/kernel_breakdown" > "$OUT/kernel_breakdown.log" 2>&1
+      echo "kernel breakdown rc=$?"; grep -E "^(##|\| .*\*\*)" "$OUT/kernel_breakdown/kernel_breakdown.md" | head -n 40 ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu | breakdown)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive
