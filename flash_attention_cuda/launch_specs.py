@@ -12,8 +12,9 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
               mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
               wgmma_bwd_dkdv, wgmma_bwd_dq                       (wgmma_backward.cu, Hopper; Delta from
                                                                  mma_bwd_preprocess)
-              wgmma_bwd_fused, wgmma_bwd_dq_store                (the same file: one kernel, dQ summed
-                                                                 atomically in float32, then stored)
+              wgmma_bwd_preprocess, wgmma_bwd_fused,             (the same file: Delta and a zeroed float32
+              wgmma_bwd_dq_store                                 dQ buffer, one kernel summing dQ into it
+                                                                 atomically, then dQ stored)
               wgmma_bwd_ws, wgmma_bwd_kv_sum                     (the one kernel warp-specialised; the sum of
                                                                  its dK, dV parts when it splits query heads)
 
@@ -52,7 +53,8 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
-           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_dq_store",
+           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
+           "wgmma_bwd_dq_store",
            "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward",
            "run_seed_nomax"]
@@ -393,7 +395,8 @@ def wgmma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 @_cached
 def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward, 2 warpgroups of 64 keys per block (Bc = 128), tiles of 64
-    queries; dQ summed into the float32 dQaccum (zeroed; ``dq_accum_shape``) by the copy engine."""
+    queries; dQ summed into the float32 dQaccum (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) by the copy
+    engine."""
     Bc, Br = 128, 64
     # wgmma_bwd_detail::dkdv_block's carve-up with DQ: sK, sV (Bc, D); sQ, sdO 2 x (Br, D); sdS (Br, Bc), 16-bit;
     # sdQ (64, D) floats; sL and sDl 2 x Br floats each; + alignment
@@ -429,8 +432,8 @@ def ws_backward_splits(p: Problem) -> int:
 def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
     warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
-    (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum (zeroed;
-    ``dq_accum_shape``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
+    (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
+    (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
     float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
     Bc = 128
     Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
@@ -457,6 +460,16 @@ def wgmma_bwd_kv_sum(p: Problem) -> LaunchSpec:
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_kv_sum<{_bf16(p)}>", (_cdiv(n, 4 * 256),), (256,), 0,
                       ("dKVpart", "dK", "dV"), (("splits", np.int32(ws_backward_splits(p))), ("n", np.int64(n)),
                                                 ("softmax_scale", np.float32(p.scale))))
+
+
+@_cached
+def wgmma_bwd_preprocess(p: Problem) -> LaunchSpec:
+    """wgmma_backward.cu: the one-kernel backwards' first step, Delta_i = rowsum(dO_i * O_i) as mma_bwd_preprocess
+    (4 rows per block of 128 threads) and dQaccum (``dq_accum_shape``) zeroed in the same pass."""
+    rows = p.B * p.H * p.Nq
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_preprocess<{p.D}, {_bf16(p)}>", (_cdiv(rows, 4),), (128,), 0,
+                      ("O", "dO", "Delta", "dQaccum"), (("rows", np.int64(rows)),
+                                                        ("zeros", np.int64(math.prod(dq_accum_shape(p))))))
 
 
 @_cached
@@ -568,12 +581,13 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
     out_dtype = dtype_name(q)
-    if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta, one kernel for dK, dV and (float32, atomically) dQ, then dQ
+    if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
+        # atomically) dQ, then dQ
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         if kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
             q, k, v, do = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, do))
         one = (lambda p: wgmma_bwd_ws(p, config)) if kernel == "wgmma-ws" else wgmma_bwd_fused
-        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, one, wgmma_bwd_dq_store)
+        as_arg, specs = runtime.ptr, (wgmma_bwd_preprocess, one, wgmma_bwd_dq_store)
     elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
@@ -588,7 +602,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
                  dV=runtime.empty(q, v.shape, p.dtype))
     arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
     if kernel in ("wgmma-fused", "wgmma-ws"):
-        arrays["dQaccum"] = runtime.zeros(q, dq_accum_shape(p), "float32")
+        arrays["dQaccum"] = runtime.empty(q, dq_accum_shape(p), "float32")  # zeroed by wgmma_bwd_preprocess
     if kernel == "wgmma-ws":  # split query heads: partial dK, dV, then their sum (else dKVpart is not touched)
         split = ws_backward_splits(p) > 1
         arrays["dKVpart"] = runtime.empty(q, kv_part_shape(p), "float32") if split else arrays["dQaccum"]

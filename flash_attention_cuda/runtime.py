@@ -448,17 +448,6 @@ def convert(x, dtype: str):
     return cupy.ascontiguousarray(x, dtype=dtype)
 
 
-def zeros(like, shape, dtype: str):
-    """A zero-filled array of ``shape`` and ``dtype`` on like's device, of like's kind (torch or CuPy)."""
-    if array_kind(like) == "torch":
-        import torch
-
-        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
-    import cupy
-
-    return cupy.zeros(shape, dtype=dtype)
-
-
 def empty(like, shape, dtype: str):
     """An uninitialised array of ``shape`` and ``dtype`` on like's device, of like's kind (torch or CuPy)."""
     if array_kind(like) == "torch":

@@ -183,7 +183,8 @@ def _all_specs():
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
-                        (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_dq_store(p), p),
+                        (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_preprocess(p), p),
+                        (launch_specs.wgmma_bwd_dq_store(p), p),
                         (launch_specs.wgmma_bwd_kv_sum(p), p)]
     return out
 
@@ -292,12 +293,12 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         # fp16/bf16, the fp32 kernels for float32
         assert HOPPER_BACKWARD == "wgmma-ws"
         auto = (["bwd_preprocess", "bwd_dkdv", "bwd_dq"] if dtype == "float32" else
-                ["mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])
+                ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])
         for bwd_kernel, names in (("auto", auto),
                                   ("wgmma", ["mma_bwd_preprocess", "wgmma_bwd_dkdv", "wgmma_bwd_dq"]),
                                   ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"]),
-                                  ("wgmma-fused", ["mma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"]),
-                                  ("wgmma-ws", ["mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])):
+                                  ("wgmma-fused", ["wgmma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"]),
+                                  ("wgmma-ws", ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])):
             if bwd_kernel != "auto" and dtype == "float32":
                 continue
             recorded_launches.clear()
@@ -326,7 +327,7 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
     recorded_launches.clear()
     grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "wgmma-ws")
     assert [c[0].name.split("<")[0] for c in recorded_launches] == [
-        "mma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store", "wgmma_bwd_kv_sum"]
+        "wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store", "wgmma_bwd_kv_sum"]
     assert recorded_launches[1][1] == (1, 1, 4)  # the grid: 4 blocks, one query head each
     for c in recorded_launches:
         _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
@@ -673,6 +674,32 @@ def test_ws_backward_tiles_of_64_and_128_queries(dtype):
             scale = max(1.0, r.abs().max().item())
             assert _err(g128, r) < tol * scale and _err(g64, r) < tol * scale, (name, Nq, Nk, window)
             assert _err(g128, g64) < tol * scale, (name, Nq, Nk, window)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_backward_preprocess_delta_and_zeroed_dq_buffer(D, dtype):
+    """The backwards' first step, Delta_i = rowsum(dO_i o O_i): one wide load per lane where O and dO are aligned,
+    element by element where they start 2 bytes into their buffer. wgmma_bwd_preprocess (the one-kernel
+    backwards, D <= 128) also zeroes every float of the dQ buffer, filled with NaN first, the rows past Nq of its
+    last block of 64 included."""
+    B, H, Nq = 2, 3, 77
+    p = launch_specs.Problem(B, H, Nq, Nq, D, dtype, 0.125, FULL)
+    specs = [launch_specs.mma_bwd_preprocess(p)] + ([launch_specs.wgmma_bwd_preprocess(p)] if D <= 128 else [])
+    for offset in (0, 1):
+        buf = torch.randn(2 * B * H * Nq * D + offset, device="cuda").to(getattr(torch, dtype))
+        o, do = buf[offset:].view(2, B, H, Nq, D).unbind(0)
+        assert (o.data_ptr() % 16 == 0) == (offset == 0)
+        want = (o.double() * do.double()).sum(-1)
+        for spec in specs:
+            delta = torch.full((B, H, Nq), math.nan, device="cuda")
+            acc = torch.full(launch_specs.dq_accum_shape(p), math.nan, device="cuda")
+            runtime.launch(runtime.Stream(o), spec, dict(O=o, dO=do, Delta=delta, dQaccum=acc))
+            torch.cuda.synchronize()
+            assert _err(delta, want) < 1e-5 * (1 + want.abs().max().item()), (spec.name, offset)
+            if "dQaccum" in spec.buffers:
+                assert torch.count_nonzero(acc.nan_to_num(1.0)).item() == 0, (spec.name, offset)
 
 
 @gpu

@@ -6,14 +6,16 @@
 At B=H=1, N=64, D=64 (fp16; the GPU time is a few microseconds, so the wall time per call is host time) it
 times, per call and with ``time.perf_counter`` over ``--calls`` calls after a warm-up:
 
-* ``flash_attn_cuda`` forward (kernel=auto), and the forward + backward through autograd (causal);
+* ``flash_attn_cuda`` forward (kernel=auto), the forward + backward through autograd (causal), and the
+  backward alone, through autograd on a kept graph (as the benchmark times it) and ``run_backward`` itself;
 * the pieces of a forward: the checks alone (``checks.check_forward_cached``), the two output allocations,
   and ``runtime.launch`` of the already-built launch spec (the CuPy launch);
-* SDPA's FlashAttention-2 forward and forward + backward, for scale;
+* SDPA's FlashAttention-2 forward, forward + backward and backward alone, for scale;
 * the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
   driver's ``cuLaunchKernel``, to show what the direct launch saves.
 
-Then it runs cProfile over the forward and over the forward + backward and writes the top functions by own time.
+Then it runs cProfile over the forward, the forward + backward and the backward alone, and writes the top
+functions by own time.
 Writes ``host_profile.txt`` into --out and prints it.
 """
 from __future__ import annotations
@@ -95,22 +97,39 @@ def main(argv=None) -> int:
     def stream_only():
         return runtime.Stream(q)
 
+    # the backward alone: through autograd on a kept graph (as the benchmark times it), and run_backward itself
+    kept = flash_attn_cuda(qg, kg, vg, causal=True, kernel=args.kernel)
+    kept_sdpa = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+    o_c, lse_c = flash_attn_cuda(q, k, v, causal=True, kernel=args.kernel, return_lse=True)
+
+    def bwd_kept():
+        return torch.autograd.grad(kept, (qg, kg, vg), do, retain_graph=True)
+
+    def run_backward_only():
+        return launch_specs.run_backward(q, k, v, o_c, lse_c, do, (-1, 0), scale)
+
+    def sdpa_bwd_kept():
+        return torch.autograd.grad(kept_sdpa, (qg, kg, vg), do, retain_graph=True)
+
     lines = [f"host time per call, microseconds ({torch.cuda.get_device_name()}, torch {torch.__version__}; "
              f"B=H=1 N=64 D=64 fp16, kernel={args.kernel} -> {kernel}, {n} calls)", ""]
     timed = (("flash_attn_cuda forward", fwd), ("  checks (cached)", checks_only),
              ("  two output allocations", alloc_only), ("  runtime.Stream(q)", stream_only),
              ("  runtime.launch of the built spec", launch_only),
              ("flash_attn_cuda forward + backward (causal, autograd)", fwd_bwd),
-             ("sdpa FA2 forward", sdpa_fwd), ("sdpa FA2 forward + backward (causal)", sdpa_fwd_bwd))
+             ("flash_attn_cuda backward (causal, autograd.grad of a kept graph)", bwd_kept),
+             ("  launch_specs.run_backward alone (no autograd)", run_backward_only),
+             ("sdpa FA2 forward", sdpa_fwd), ("sdpa FA2 forward + backward (causal)", sdpa_fwd_bwd),
+             ("sdpa FA2 backward (causal, autograd.grad of a kept graph)", sdpa_bwd_kept))
     for name, fn in timed:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
     runtime.DRIVER_LAUNCH = False
     lines.append("launches through CuPy (runtime.DRIVER_LAUNCH = False):")
-    for name, fn in (timed[0], timed[4], timed[5]):
+    for name, fn in (timed[0], timed[4], timed[5], timed[6], timed[7]):
         lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
     runtime.DRIVER_LAUNCH = True
-    for name, fn in (("forward", fwd), ("forward + backward", fwd_bwd)):
+    for name, fn in (("forward", fwd), ("forward + backward", fwd_bwd), ("backward of a kept graph", bwd_kept)):
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(n // 2):

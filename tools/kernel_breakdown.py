@@ -6,8 +6,8 @@
 A benchmark gives one number per call; a call is often several kernels. For each case (a shape, a mask and
 forward or backward) and each backend this runs the call a few times to warm up, then ``--calls`` times under
 ``torch.profiler`` (CUDA activity only), and sums each kernel's GPU time per call. So one sees, for instance,
-that the one-kernel CUDA backward (cuda-wgmma-ws) is a preprocess (Delta), a fill of its float32 dQ
-accumulator, the kernel itself and a pass that turns the accumulator into dQ, and how long each takes beside
+that the one-kernel CUDA backward (cuda-wgmma-ws) is a preprocess (Delta, and zeroing its float32 dQ
+accumulator), the kernel itself and a pass that turns the accumulator into dQ, and how long each takes beside
 FlexAttention's or cuDNN's own kernels.
 
 The cases, B H N D fp16 (the backward alone: the forward's graph is kept, as in ``benchmarks.variants``):

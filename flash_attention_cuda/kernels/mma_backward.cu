@@ -73,18 +73,14 @@ __device__ __forceinline__ Smem<D, STAY, STREAM> smem_layout(unsigned char* smem
 
 }  // namespace mma_bwd_detail
 
-// Delta_i = rowsum(dO_i o O_i) in fp32, one warp per row (O and dO 16-bit, (rows, D)).
+// Delta_i = rowsum(dO_i o O_i) in fp32, one warp per row (O and dO 16-bit, (rows, D); bwd::delta_row).
 template <int D, bool BF16>
 __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
                                    float* __restrict__ Delta, long long rows) {
-    using namespace ptx;
     const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= rows) return;
-    float acc = 0.0f;
-#pragma unroll
-    for (int e = threadIdx.x % 32; e < D; e += 32) acc += to_f32<BF16>(O[r * D + e]) * to_f32<BF16>(dO[r * D + e]);
-    acc = fa::warp_reduce_sum(acc);
-    if (threadIdx.x % 32 == 0) Delta[r] = acc;
+    const float delta = bwd::delta_row<D, BF16>(O, dO, r, bwd::delta_vec<D>(O, dO));
+    if (threadIdx.x % 32 == 0) Delta[r] = delta;
 }
 
 // dK_j, dV_j for one tile of Bc = 16 NWARPS keys (warp w: keys 16w .. 16w + 15) of K/V head blockIdx.y

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 }
 
 // The one-kernel backward: dK_j, dV_j as wgmma_bwd_dkdv, and every tile's dQ_i += dS_ij K_j added atomically
-// into dQaccum (float32 (B Hq, Nq, D), zeroed by the caller); wgmma_bwd_dq_store then writes dQ. 5 matrix
+// into dQaccum (float32 (B Hq, Nq, D), zeroed by wgmma_bwd_preprocess); wgmma_bwd_dq_store then writes dQ. 5 matrix
 // products per tile pair against the two kernels' 7 (S and dP are computed once), at the price of the atomic
 // adds, whose order varies from run to run: dQ is not bitwise reproducible (dK and dV are).
 template <int D, int NWG, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
@@ -546,6 +546,22 @@ __global__ void wgmma_bwd_kv_sum(const float* __restrict__ dKVpart, unsigned sho
     *reinterpret_cast<uint2*>(dV + e) = make_uint2(ptx::pack2<BF16>(v.x, v.y), ptx::pack2<BF16>(v.z, v.w));
 }
 
+// The one-kernel backwards' first step: Delta_i = rowsum(dO_i o O_i), one warp per row (as mma_bwd_preprocess,
+// bwd::delta_row), and dQaccum = 0, its `zeros` floats (a multiple of 4) 16 bytes per thread over the grid: one
+// pass, not a fill of its own before it.
+template <int D, bool BF16>
+__global__ void wgmma_bwd_preprocess(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
+                                     float* __restrict__ Delta, float* __restrict__ dQaccum, long long rows,
+                                     long long zeros) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < zeros / 4; e += stride)
+        reinterpret_cast<float4*>(dQaccum)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    const float delta = bwd::delta_row<D, BF16>(O, dO, r, bwd::delta_vec<D>(O, dO));
+    if (threadIdx.x % 32 == 0) Delta[r] = delta;
+}
+
 // dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
 // wgmma_bwd_fused's blocked layout: (B Hq, ceil(Nq / 64), NWG, 64, NQ), NQ = D / NWG, 16-byte chunks swizzled.
 template <int D, int NWG, bool BF16>
@@ -680,8 +696,10 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_KV_SUM_INST(BF)                                                                              \
     template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, \
                                                   float);
-#define FA_WGMMA_DQ_STORE_INST(D, BF) \
-    template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float);
+#define FA_WGMMA_DQ_STORE_INST(D, BF)                                                                          \
+    template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float); \
+    template __global__ void wgmma_bwd_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*,   \
+                                                         float*, long long, long long);
 FA_WGMMA_FUSED_INST(64, false)
 FA_WGMMA_FUSED_INST(64, true)
 FA_WGMMA_FUSED_INST(128, false)
