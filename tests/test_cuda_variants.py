@@ -224,6 +224,39 @@ def test_backward_variants(kernel, D, dtype, case):
 
 
 @gpu
+@pytest.mark.parametrize("min_blocks", [1, 10**6])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (40, -1)), (False, (-1, 30)), (True, (50, -1))])
+@pytest.mark.parametrize("kernel", [WGMMA_WS])
+def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, monkeypatch):
+    """wgmma_bwd_ws starts its blocks tile-major where each loops over several query heads and the mask is
+    bounded on one side (causal; a left bound alone, whose last tiles of keys go first; a right bound alone), and
+    in grid order otherwise (both bounds): every block still runs once. Against the float64 gradients with the
+    group whole in each block (min_blocks 1: no split) and split over blocks (min_blocks 10**6: one query head
+    each, grid order)."""
+    monkeypatch.setattr(launch_specs, "WGMMA_WS_BACKWARD_MIN_BLOCKS", min_blocks)
+    launch_specs.ws_backward_splits.cache_clear()
+    launch_specs.wgmma_bwd_ws.cache_clear()
+    launch_specs.wgmma_bwd_kv_sum.cache_clear()
+    try:
+        Nq, Nk, Hq, Hk = 300, 420, 6, 2
+        q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, 64, "float16")
+        kw = _kw(causal, window, 0.0, 0)
+        p = launch_specs._problem(q, k, 0.125, (-1, -1))
+        assert launch_specs.ws_backward_splits(p) == (1 if min_blocks == 1 else Hq // Hk)
+        o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, **kw)
+        grads = flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=kernel, **kw)
+        ref = attention_reference_grads(q, k, v, do, **kw)
+        qn, kn, vn = (x.clone().requires_grad_(True) for x in (q, k, v))
+        attention_naive(qn, kn, vn, **kw).backward(do)
+        for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, (qn.grad, kn.grad, vn.grad)):
+            _check(name, g, r, n, FLOOR["float16"] * Nk ** 0.5)
+    finally:
+        launch_specs.ws_backward_splits.cache_clear()
+        launch_specs.wgmma_bwd_ws.cache_clear()
+        launch_specs.wgmma_bwd_kv_sum.cache_clear()
+
+
+@gpu
 @pytest.mark.parametrize("kernel", ["mma", WGMMA])
 def test_dropout_mask_is_philox_keep_mask(kernel):
     """v = identity (Nk = D = 64): O = P * Z / (1 - p), so O's zeros are exactly the dropped weights, and they

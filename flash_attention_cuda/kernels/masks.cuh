@@ -23,6 +23,7 @@
 //   mask.full(q0, q1, k0, k1)               every real (query, key) pair of the block is visible: no mask
 //   mask.needs_mask(q0, q1, k0, k1)         not full, or past the Nk tail: the tile applies visible()
 //   mask.heavy_last()                       later query blocks see more keys (launch them first)
+//   mask.keys_heavy_last()                  later key blocks are seen by more queries (the backward's blocks)
 // No #include: compiles under NVRTC and nvcc alike.
 #pragma once
 
@@ -77,6 +78,9 @@ struct Mask {
     // With a right bound (causal) a later query block sees at least as many keys as an earlier one: the
     // forward kernels launch their query blocks last-first then, so the longest K/V loops start first.
     __device__ __forceinline__ bool heavy_last() const { return right >= 0; }
+    // For the blocks of keys of a backward it is the other way round: with a right bound an earlier key block is
+    // seen by at least as many queries as a later one; with a left bound alone a later one is.
+    __device__ __forceinline__ bool keys_heavy_last() const { return right < 0 && left >= 0; }
 
     __device__ __forceinline__ static int clamp(int x, int n) { return x < 0 ? 0 : (x > n ? n : x); }
 };

@@ -437,10 +437,21 @@ __global__ void __launch_bounds__(384, 1)
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int tid = threadIdx.x, wg = tid / 128;
-    const int k0 = blockIdx.x * Bc;
-    const long long bkv = blockIdx.y;              // the K/V head: b * Hk + hk
+    // The block's (tile of keys, K/V head, split). In grid order (x, the tile, fastest) a head's tiles run
+    // together and share the Q_i, dO_i they stream in L2. Where the tiles' work differs (a mask bounded on one
+    // side: causal) and a block loops over several query heads (GQA), a late head's heaviest tiles would start
+    // in the last wave and run on alone: the blocks then start tile-major instead (L, the launch order, with the
+    // tile slowest), every head's heaviest tile first and the lightest last. H100, B2 Hq32 Hk8 N4096 D128 causal:
+    // 1.85 against 2.05 ms. For one query head a block (no GQA) tile-major measured 5-12 % slower: L2.
     const int per = (group + gridDim.z - 1) / gridDim.z;  // query heads per block of the split
-    const int g0 = blockIdx.z * per, g1 = min(group, g0 + per);  // this block's: bkv * group + [g0, g1)
+    const bool tile_major = per > 1 && (mask.right >= 0) != (mask.left >= 0);
+    const unsigned HZ = gridDim.y * gridDim.z, L = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned hz = tile_major ? L % HZ : blockIdx.y + gridDim.y * blockIdx.z;  // (head, split), y fastest
+    const int kt = !tile_major ? (int)blockIdx.x
+                               : (mask.keys_heavy_last() ? (int)(gridDim.x - 1 - L / HZ) : (int)(L / HZ));
+    const int k0 = kt * Bc, bz = (int)(hz / gridDim.y);  // the block's first key, its split of the group
+    const long long bkv = hz % gridDim.y;                  // the K/V head: b * Hk + hk
+    const int g0 = bz * per, g1 = min(group, g0 + per);  // this block's: bkv * group + [g0, g1)
     const long long bh0 = bkv * group;             // the group's first query head (group 1: bkv)
     const bwd::TileSpan tiles = bwd::q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
 
@@ -522,8 +533,8 @@ __global__ void __launch_bounds__(384, 1)
         frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
     } else {  // this block's part of the sums over the group (softmax_scale applied by wgmma_bwd_kv_sum)
         const long long part = (long long)gridDim.y * Nk * D;
-        frag::store_rows_f32<D>(dKVpart + blockIdx.z * part + bkv * Nk * D, frags(dk), k0 + wkey, Nk);
-        frag::store_rows_f32<D>(dKVpart + (gridDim.z + blockIdx.z) * part + bkv * Nk * D, frags(dv), k0 + wkey, Nk);
+        frag::store_rows_f32<D>(dKVpart + bz * part + bkv * Nk * D, frags(dk), k0 + wkey, Nk);
+        frag::store_rows_f32<D>(dKVpart + (gridDim.z + bz) * part + bkv * Nk * D, frags(dv), k0 + wkey, Nk);
     }
 }
 
