@@ -18,6 +18,8 @@
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 #   bash .ci/gpu_run.sh --out results/gpu breakdown    # one call's GPU time kernel by kernel, ours beside FlexAttention
 #                                                      # and cuDNN (tools/kernel_breakdown.py)
+#   bash .ci/gpu_run.sh --out results/gpu blockorder   # the CUDA backward's blocks in grid order against tile-major
+#                                                      # (tools/ws_block_order.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
 # one archive, gpu_results.tgz (handy when the results are copied off a remote machine).
 # Each step has its own time limit, so one slow step cannot hide the others' results.
@@ -91,7 +93,10 @@ for step in "$@"; do
     breakdown)
       timeout "${BREAKDOWN_S:-300}" python3 tools/kernel_breakdown.py --out "$OUT/kernel_breakdown" > "$OUT/kernel_breakdown.log" 2>&1
       echo "kernel breakdown rc=$?"; grep -E "^(##|\| .*\*\*)" "$OUT/kernel_breakdown/kernel_breakdown.md" | head -n 40 ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu | breakdown)"; exit 2 ;;
+    blockorder)
+      timeout "${BLOCKORDER_S:-300}" python3 tools/ws_block_order.py --out "$OUT/ws_block_order" > "$OUT/ws_block_order.log" 2>&1
+      echo "block order rc=$?"; grep -E "^\|" "$OUT/ws_block_order/ws_block_order.md" ;;
+    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu | breakdown | blockorder)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

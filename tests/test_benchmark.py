@@ -680,3 +680,25 @@ def test_kernel_breakdown_sums_each_kernel_per_call():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="kernel_breakdown: needs a CUDA GPU"):
             kb.main(["--out", "/tmp/unused"])
+
+
+def test_ws_block_order_rewrites_the_kernels_choice():
+    """tools/ws_block_order.py forces either order by rewriting the one line of wgmma_backward.cu that chooses it
+    (so a change to that line fails here, not on the GPU); its table; no GPU: a clear exit."""
+    from flash_attention_cuda import runtime
+    from tools import ws_block_order as wbo
+
+    text = runtime.read_source(wbo.SOURCE)
+    for order, line in wbo.ORDERS.items():
+        forced = wbo.forced_source(text, order)
+        assert wbo.RULE not in forced and forced.count(line) == 1
+    with pytest.raises(ValueError, match="no longer holds the line"):
+        wbo.forced_source("no such line", "grid")
+    row = dict(B=2, Hq=32, Hk=8, N=4096, D=128, causal=True, picks="tile-major", grid=2.0, **{"tile-major": 1.6})
+    table = wbo.markdown([row], dict(gpu="H100", torch="2", git_commit="abc", command="python tools/ws_block_order.py"))
+    assert "| 2 | 32 | 8 | 4096 | 128 | yes | 2.000 | 1.600 | 1.25 | tile-major |" in table
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="ws_block_order: needs a CUDA GPU"):
+            wbo.main(["--out", "/tmp/unused"])
