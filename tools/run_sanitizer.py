@@ -7,7 +7,8 @@ its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma and, on Hopper,
 wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
 D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
-heads, dropout) on the tensor-core rungs, forward and backward. --head-dims keeps only the cases of those head
+heads, dropout) on the tensor-core rungs, forward and backward; and the warp-specialised backward with its blocks
+in tile-major order (GQA, causal or a left bound alone). --head-dims keeps only the cases of those head
 dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 """
 from __future__ import annotations
@@ -92,6 +93,28 @@ def inner(head_dims=None) -> int:
                 flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
                 n += 3
             n += 1
+    # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
+    # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left
+    # bound alone, whose last tiles of keys start first)
+    if hopper and (not head_dims or 64 in head_dims):
+        from flash_attention_cuda import launch_specs
+
+        saved = launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS
+        launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = 1
+        for cached in (launch_specs.ws_backward_splits, launch_specs.wgmma_bwd_ws, launch_specs.wgmma_bwd_kv_sum):
+            cached.cache_clear()
+        try:
+            for causal, window in ((True, (-1, -1)), (False, (30, -1))):
+                q = torch.randn(2, 6, 200, 64, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+                o, lse = flash_attn_cuda(q, k, v, kernel="wgmma-ws", return_lse=True, causal=causal, window_size=window)
+                flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), kernel="wgmma-ws", causal=causal,
+                                         window_size=window)
+                n += 4
+        finally:
+            launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = saved
+            for cached in (launch_specs.ws_backward_splits, launch_specs.wgmma_bwd_ws, launch_specs.wgmma_bwd_kv_sum):
+                cached.cache_clear()
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0

@@ -442,7 +442,8 @@ __global__ void __launch_bounds__(384, 1)
     // side: causal) and a block loops over several query heads (GQA), a late head's heaviest tiles would start
     // in the last wave and run on alone: the blocks then start tile-major instead (L, the launch order, with the
     // tile slowest), every head's heaviest tile first and the lightest last. H100, B2 Hq32 Hk8 N4096 D128 causal:
-    // 1.85 against 2.05 ms. For one query head a block (no GQA) tile-major measured 5-12 % slower: L2.
+    // 1.82 against 2.04 ms; for one query head a block (no GQA) tile-major measured 5-10 % slower: L2
+    // (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
     const int per = (group + gridDim.z - 1) / gridDim.z;  // query heads per block of the split
     const bool tile_major = per > 1 && (mask.right >= 0) != (mask.left >= 0);
     const unsigned HZ = gridDim.y * gridDim.z, L = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
