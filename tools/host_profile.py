@@ -14,8 +14,11 @@ times, per call and with ``time.perf_counter`` over ``--calls`` calls after a wa
 * the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
   driver's ``cuLaunchKernel``, to show what the direct launch saves.
 
-Then it runs cProfile over the forward, the forward + backward and the backward alone, and writes the top
-functions by own time.
+It then times the forward (with grad) and the kept graph's backward alone and alternating, with the time spent
+inside ``launch_specs.run_forward`` and ``run_backward``: autograd runs our backward (Python) on its CUDA device
+thread and the forward runs on the caller's, and the same Python is slower when the two alternate. Then it runs
+cProfile over the forward, the forward + backward and the backward alone, and writes the top functions by own
+time.
 Writes ``host_profile.txt`` into --out and prints it.
 """
 from __future__ import annotations
@@ -37,6 +40,50 @@ def per_call_us(fn, calls: int, sync) -> float:
         fn()
     sync()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def threads_section(qg, kg, vg, do, bwd_kept, n: int, sync, kernel: str) -> list:
+    """The same Python, slower when forward and backward alternate: autograd runs a CUDA graph's backward nodes
+    (ours is Python: custom_ops' autograd.Function) on its own device thread, the forward runs on the caller's.
+    Times each loop per call, and the time spent inside launch_specs.run_forward / run_backward per call."""
+    import time
+
+    from flash_attention_cuda import flash_attn_cuda, library_ops
+
+    inside = {"run_forward": 0.0, "run_backward": 0.0}
+    originals = {name: getattr(library_ops, name) for name in inside}
+
+    def timed(name):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return originals[name](*a, **kw)
+            finally:
+                inside[name] += time.perf_counter() - t0
+        return call
+
+    def fwd_grad():
+        return flash_attn_cuda(qg, kg, vg, causal=True, kernel=kernel)
+
+    def fwd_then_kept_bwd():  # the forward's graph is dropped; the backward is the kept graph's, as bwd_kept
+        fwd_grad()
+        return bwd_kept()
+
+    out = ["", "forward and backward on two threads (us per call; inside: launch_specs.run_forward / run_backward):"]
+    try:
+        for name in inside:
+            setattr(library_ops, name, timed(name))
+        for label, fn in (("forward with grad (the graph unused)", fwd_grad), ("backward of a kept graph", bwd_kept),
+                          ("the two alternating", fwd_then_kept_bwd)):
+            for key in inside:  # per_call_us's 20 warm-up calls count too: divided by n + 20 below
+                inside[key] = 0.0
+            total = per_call_us(fn, n, sync)
+            out.append(f"{label:<64} {total:8.1f}   inside: run_forward {inside['run_forward'] / (n + 20) * 1e6:6.1f}, "
+                       f"run_backward {inside['run_backward'] / (n + 20) * 1e6:6.1f}")
+    finally:
+        for name, fn in originals.items():
+            setattr(library_ops, name, fn)
+    return out
 
 
 def main(argv=None) -> int:
@@ -124,6 +171,7 @@ def main(argv=None) -> int:
     for name, fn in timed:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
+    lines += threads_section(qg, kg, vg, do, bwd_kept, n, sync, args.kernel)
     runtime.DRIVER_LAUNCH = False
     lines.append("launches through CuPy (runtime.DRIVER_LAUNCH = False):")
     for name, fn in (timed[0], timed[4], timed[5], timed[6], timed[7]):
