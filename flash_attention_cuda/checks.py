@@ -8,7 +8,7 @@ keyed by kernel name ('naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws').
 from __future__ import annotations
 
 from flash_attention_py.masks import CAUSAL, FULL
-from flash_attention_py.validation import (array_kind, check_dropout, check_flag, check_qkv, check_same_as,
+from flash_attention_py.validation import (cached_check, check_dropout, check_flag, check_qkv, check_same_as,
                                            check_scale_range, device_of, dtype_name, resolve_lazy,
                                            resolve_softmax_scale, resolve_window)
 
@@ -103,50 +103,16 @@ def check_forward(q, k, v, *, causal, softmax_scale, kernel, return_lse, fn: str
     return q, k, v, scale, kernel, window, dropout
 
 
-# The checked plan of a forward call, keyed by everything check_forward reads: a training loop calls with the same
-# shapes, dtypes, devices and arguments every step, and pays the checks once (the launch's host time is what
-# decides short calls: docs/performance.md §7).
+# The checked plan of a forward call, keyed by everything check_forward reads (validation.check_cache_key): a
+# training loop calls with the same shapes, dtypes, devices and arguments every step, and pays the checks once (the
+# launch's host time is what decides short calls: docs/performance.md §7).
 _PLANS: dict = {}
-_PLANS_MAX = 512
-
-
-def _plan_key(q, k, v, fn: str, kw: dict):
-    """The cache key of a forward call, or None where check_forward's answer may depend on more than its key: not
-    three plain torch tensors, a torch.compile trace, lazy conj/neg views (resolved by a copy), |softmax_scale| > 1
-    (check_scale_range reads the data), or an argument that cannot be hashed. Arguments enter with their types, so
-    causal=1 is not the cached causal=True (the first is refused)."""
-    if not (array_kind(q) == "torch" and type(q) is type(k) is type(v) and type(q).__name__ == "Tensor"):
-        return None
-    import torch
-
-    if torch.compiler.is_compiling() or any(x.is_conj() or x.is_neg() for x in (q, k, v)):
-        return None
-    scale = kw["softmax_scale"]
-    if scale is not None and not (type(scale) in (int, float) and abs(scale) <= 1.0):
-        return None
-    args = tuple((name, type(val), tuple((type(e), e) for e in val) if type(val) is tuple else val)
-                 for name, val in sorted(kw.items()))
-    key = (fn, args) + tuple((x.shape, x.stride(), x.dtype, x.device) for x in (q, k, v))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def check_forward_cached(q, k, v, *, fn: str, **kw):
-    """check_forward, answered from a cache of earlier checked calls with the same key (_plan_key): the same
-    result, and the same errors (a call that fails is never cached)."""
-    key = _plan_key(q, k, v, fn, kw)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        q, k, v, *rest = check_forward(q, k, v, fn=fn, **kw)
-        plan = tuple(rest)
-        if key is not None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return (q, k, v) + plan
+    """check_forward, answered from a cache of earlier checked calls with the same key
+    (``validation.cached_check``): the same result, and the same errors (a call that fails is never cached)."""
+    return cached_check(check_forward, _PLANS, q, k, v, fn=fn, **kw)
 
 
 def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: str, window_size=FULL, dropout_p=0.0,

@@ -56,7 +56,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
            "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
            "wgmma_bwd_dq_store",
            "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
-           "padded_head_dim", "run_forward", "run_backward",
+           "padded_head_dim", "run_forward", "run_backward", "BackwardPlan", "backward_plan", "clear_caches",
            "run_seed_nomax"]
 
 # mma: (Bc keys per K/V tile, warps per block, m16 tiles per warp) for each head dim.
@@ -121,7 +121,20 @@ class Problem(NamedTuple):
 
 # A launch plan depends only on the problem's sizes, dtype, scale, window and variants (and the config): it is
 # built once per distinct problem and reused, so a call in a training loop pays no Python to rebuild it.
-_cached = functools.lru_cache(maxsize=1024)
+_CACHES: list = []  # every cached builder here, for clear_caches
+
+
+def _cached(fn):
+    cached = functools.lru_cache(maxsize=1024)(fn)
+    _CACHES.append(cached)
+    return cached
+
+
+def clear_caches() -> None:
+    """Forget every cached launch spec and backward plan: for code that changes a module-level setting they read
+    (``WGMMA_WS_BACKWARD_MIN_BLOCKS``, a config table) and must see the change at the next call."""
+    for cached in _CACHES:
+        cached.cache_clear()
 
 
 @dataclass(frozen=True)
@@ -555,6 +568,74 @@ def run_seed_nomax(q, k, v, scale: float):
     return o
 
 
+class BackwardPlan(NamedTuple):
+    """What ``run_backward`` does for one (kernel, dtype, shapes, GPU, window, scale, dropout, config), worked out
+    once by :func:`backward_plan`: a call then only allocates its outputs and launches.
+
+    kernel: the backward kernel ('auto' resolved). pad_to: the head dim the kernel runs at when it is not D (the
+    inputs are zero-padded to it and the call runs that plan), else None. p: the problem as the kernels see it.
+    specs: the launches, in order. scratch: ((buffer, offset), ...): the float32 buffers no caller sees (Delta,
+    dQaccum, dKVpart), at offsets (in elements) into ONE allocation of ``scratch_size`` elements (tensor-core
+    kernels; the fp32 kernels take CuPy arrays and get Delta alone). out_dtype: the gradients' dtype."""
+
+    kernel: str
+    pad_to: Optional[int]
+    p: Optional[Problem]
+    specs: tuple
+    scratch: tuple
+    scratch_size: int
+    out_dtype: str
+
+
+_SCRATCH_ALIGN = 64  # float32 elements (256 bytes) between the scratch buffers' starts
+
+
+@_cached
+def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: tuple, window: tuple, scale: float,
+                  dropout: tuple = (0.0, None), config: Optional[tuple] = None) -> BackwardPlan:
+    """The :class:`BackwardPlan` of a backward call on checked inputs (q of ``q_shape``, k and v of ``k_shape``,
+    ``dtype``, on a GPU of compute capability ``cc``), cached: a training loop builds it once."""
+    if kernel == "auto":
+        kernel = auto_backward(dtype, q_shape[-1], cc)
+    if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or "
+                         f"'auto', got {kernel!r}")
+    if config is not None and kernel not in ("wgmma", "mma", "wgmma-ws"):
+        raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma', got kernel {kernel!r}")
+    D = q_shape[-1]
+    tensor_cores = kernel in TENSOR_CORE_BACKWARDS
+    if tensor_cores and padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) != D:  # zero columns: dO V^T, Delta and dS
+        # are unchanged
+        return BackwardPlan(kernel, padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]), None, (), (), 0, dtype)
+    B, H, Nq, _ = q_shape
+    Nk = k_shape[2]
+    # a bound past Nq + Nk hides nothing: clamped as _problem does (the kernels' int32 index arithmetic)
+    p = Problem(B, H, Nq, Nk, D, dtype if tensor_cores else "float32", float(scale),
+                tuple(min(int(w), Nq + Nk) for w in window), int(k_shape[1]), float(dropout[0]),
+                None if dropout[1] is None else int(dropout[1]))
+    _check_variants(kernel, p, "run_backward")
+    if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
+        # atomically) dQ, then dQ
+        one = wgmma_bwd_ws(p, config) if kernel == "wgmma-ws" else wgmma_bwd_fused(p)
+        specs = (wgmma_bwd_preprocess(p), one, wgmma_bwd_dq_store(p))
+        sizes = [("dQaccum", math.prod(dq_accum_shape(p))), ("Delta", B * H * Nq)]
+        if kernel == "wgmma-ws" and ws_backward_splits(p) > 1:  # split query heads: partial dK, dV, then their sum
+            specs += (wgmma_bwd_kv_sum(p),)
+            sizes.append(("dKVpart", math.prod(kv_part_shape(p))))
+    elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
+        dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
+        specs, sizes = (mma_bwd_preprocess(p), dkdv(p, config), dq(p, config)), [("Delta", B * H * Nq)]
+    else:  # D_i first, then dK/dV and dQ (both read D_i)
+        specs, sizes = (bwd_preprocess(p), bwd_dkdv(p), bwd_dq(p)), []
+    scratch, size = [], 0
+    for name, n in sizes:
+        scratch.append((name, size))
+        size += _cdiv(n, _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+    if kernel == "wgmma-ws" and len(sizes) == 2:  # no split: wgmma_bwd_ws does not touch dKVpart
+        scratch.append(("dKVpart", 0))
+    return BackwardPlan(kernel, None, p, specs, tuple(scratch), size, dtype)
+
+
 def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto", config: Optional[tuple] = None,
                  dropout=(0.0, None)):
     """dQ, dK, dV in q's dtype from checked inputs; kernel 'wgmma-fused' or 'wgmma-ws' (Hopper, D <= 128: D other
@@ -564,53 +645,38 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     tile config of 'wgmma', 'wgmma-ws' or 'mma' (default: their tables).
 
     q, o, do (B, Hq, Nq, D); k, v (B, Hk, Nk, D), Hq % Hk == 0 (wgmma, mma): dK, dV (B, Hk, Nk, D) are summed
-    over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma)."""
-    if kernel == "auto":
-        kernel = auto_backward(dtype_name(q), q.shape[-1], runtime.device_cc(q))
-    if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
-        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or "
-                         f"'auto', got {kernel!r}")
-    if config is not None and kernel not in ("wgmma", "mma", "wgmma-ws"):
-        raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma', got kernel {kernel!r}")
-    D = q.shape[-1]
-    tensor_cores = kernel in TENSOR_CORE_BACKWARDS
-    dims = BACKWARD_HEAD_DIMS.get(kernel)
-    if tensor_cores and padded_head_dim(D, dims) != D:  # zero columns: dO V^T, Delta and dS are unchanged
-        Dp = padded_head_dim(D, dims)
-        q, k, v, o, do = (runtime.pad_last(x, Dp) for x in (q, k, v, o, do))
-        grads = run_backward(q, k, v, o, lse, do, window, scale, kernel, config, dropout)
+    over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma).
+    What to launch is :func:`backward_plan`'s, once per distinct call; a call allocates dQ, dK, dV and one float32
+    scratch buffer, and launches."""
+    plan = backward_plan(kernel, dtype_name(q), tuple(q.shape), tuple(k.shape), runtime.device_cc(q),
+                         tuple(window), float(scale), tuple(dropout), config)
+    if plan.pad_to is not None:
+        D = q.shape[-1]
+        q, k, v, o, do = (runtime.pad_last(x, plan.pad_to) for x in (q, k, v, o, do))
+        grads = run_backward(q, k, v, o, lse, do, window, scale, plan.kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
-    out_dtype = dtype_name(q)
-    if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
-        # atomically) dQ, then dQ
+    p = plan.p
+    if plan.scratch:  # the tensor-core kernels take raw addresses
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
-        if kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
+        if plan.kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
             q, k, v, do = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, do))
-        one = (lambda p: wgmma_bwd_ws(p, config)) if kernel == "wgmma-ws" else wgmma_bwd_fused
-        as_arg, specs = runtime.ptr, (wgmma_bwd_preprocess, one, wgmma_bwd_dq_store)
-    elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
-        q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
-        dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
-        as_arg, specs = runtime.ptr, (mma_bwd_preprocess, lambda p: dkdv(p, config), lambda p: dq(p, config))
+        as_arg = runtime.ptr
     else:
         q, k, v, o, do, lse = (runtime.convert(x, "float32") for x in (q, k, v, o, do, lse))
-        as_arg, specs = runtime.as_cupy, (bwd_preprocess, bwd_dkdv, bwd_dq)
-    p = _problem(q, k, scale, window, dropout=dropout)
-    _check_variants(kernel, p, "run_backward")
+        as_arg = runtime.as_cupy
     stream = runtime.Stream(q)
-    grads = dict(dQ=runtime.empty(q, q.shape, p.dtype), dK=runtime.empty(q, k.shape, p.dtype),
-                 dV=runtime.empty(q, v.shape, p.dtype))
-    arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, Delta=runtime.empty(q, (p.B, p.H, p.Nq), "float32"), **grads)
-    if kernel in ("wgmma-fused", "wgmma-ws"):
-        arrays["dQaccum"] = runtime.empty(q, dq_accum_shape(p), "float32")  # zeroed by wgmma_bwd_preprocess
-    if kernel == "wgmma-ws":  # split query heads: partial dK, dV, then their sum (else dKVpart is not touched)
-        split = ws_backward_splits(p) > 1
-        arrays["dKVpart"] = runtime.empty(q, kv_part_shape(p), "float32") if split else arrays["dQaccum"]
-        if split:
-            specs = specs + (wgmma_bwd_kv_sum,)
-    for make in specs:  # D_i first, then dK/dV and dQ (both read D_i)
-        runtime.launch(stream, make(p), arrays, as_arg=as_arg)
-    dq, dk, dv = grads["dQ"], grads["dK"], grads["dV"]
-    if out_dtype != p.dtype:
-        dq, dk, dv = (runtime.convert(g, out_dtype) for g in (dq, dk, dv))
+    dq, dk, dv = (runtime.empty(q, x.shape, p.dtype) for x in (q, k, v))
+    arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, dQ=dq, dK=dk, dV=dv)
+    if plan.scratch:  # one allocation; each buffer by its address (alive until this returns: the launches are
+        # ordered on the stream before any later use of the memory)
+        scratch = runtime.empty(q, (plan.scratch_size,), "float32")
+        base = runtime.ptr(scratch)
+        for name, offset in plan.scratch:
+            arrays[name] = base + 4 * offset
+    else:
+        arrays["Delta"] = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
+    for spec in plan.specs:
+        runtime.launch(stream, spec, arrays, as_arg=as_arg)
+    if plan.out_dtype != p.dtype:
+        dq, dk, dv = (runtime.convert(g, plan.out_dtype) for g in (dq, dk, dv))
     return dq, dk, dv

@@ -198,7 +198,8 @@ class Stream:
 def launch(stream: Stream, spec, arrays: dict, as_arg=None) -> None:
     """Compile (once) and launch the kernel of a ``launch_specs.LaunchSpec`` on ``stream``.
 
-    arrays: buffer name -> array, for the names in ``spec.buffers``; as_arg turns each into a kernel argument
+    arrays: buffer name -> array (or a raw device address, an int: as_arg must then be ``ptr``), for the names in
+    ``spec.buffers``; as_arg turns each into a kernel argument
     (default ``ptr``: a raw device address). Opts the kernel into more than 48 KiB of dynamic shared memory
     the first time it needs it.
     """
@@ -252,8 +253,9 @@ class Packed:
         self.maps = [_map_entry(arrays[name], rows) for _, name, rows in spec.maps]
         for i, (_, address) in enumerate(self.maps):
             self.params[i] = address
-        for i, name in enumerate(spec.buffers):
-            self.ptrs[i] = arrays[name].data_ptr()
+        for i, name in enumerate(spec.buffers):  # a tensor, or a raw address (a buffer inside a larger one)
+            x = arrays[name]
+            self.ptrs[i] = x if type(x) is int else x.data_ptr()
 
 
 def _packed(spec) -> Packed:
@@ -380,7 +382,10 @@ def _map_entry(x, rows: int) -> tuple:
 # ------------------------------------------------------------------------------------ array plumbing
 def ptr(x) -> int:
     """Device address of a torch tensor or CuPy array: kernels take raw pointers (a Python int is passed as
-    8 bytes), which skips building CuPy views of torch tensors on every call."""
+    8 bytes), which skips building CuPy views of torch tensors on every call. An int is an address already
+    (a buffer at an offset into a larger allocation) and comes back as it is."""
+    if type(x) is int:
+        return x
     return x.data_ptr() if array_kind(x) == "torch" else int(x.data.ptr)
 
 

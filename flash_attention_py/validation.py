@@ -22,6 +22,7 @@ __all__ = [
     "resolve_softmax_scale",
     "resolve_lazy",
     "check_scale_range",
+    "cached_check",
     "FLOAT_DTYPES",
 ]
 
@@ -368,3 +369,49 @@ def resolve_dropout(dropout_p, dropout_seed, *, fn: str):
         return None
     p, seed = check_dropout(dropout_p, dropout_seed, fn=fn)
     return (p, seed) if p > 0 else None
+
+
+# ------------------------------------------------------------------------------------ checks, once per distinct call
+# A training loop calls with the same shapes, dtypes, devices and arguments every step: cached_check pays a
+# backend's checks on the first call only (at N = 1024 a kernel runs about as long as the Python around it).
+CHECK_CACHE_MAX = 512
+
+
+def check_cache_key(q, k, v, fn: str, kw: dict):
+    """The cache key of a call, or None where the checks' answer may depend on more than its key: not three plain
+    torch tensors, a torch.compile trace, lazy conj/neg views (resolved by a copy), |softmax_scale| > 1
+    (check_scale_range reads the data), or an argument that cannot be hashed. Arguments enter with their types, so
+    causal=1 is not the cached causal=True (the first is refused)."""
+    if not (array_kind(q) == "torch" and type(q) is type(k) is type(v) and type(q).__name__ == "Tensor"):
+        return None
+    import torch
+
+    if torch.compiler.is_compiling() or any(x.is_conj() or x.is_neg() for x in (q, k, v)):
+        return None
+    scale = kw.get("softmax_scale")
+    if scale is not None and not (type(scale) in (int, float) and abs(scale) <= 1.0):
+        return None
+    args = tuple((name, type(val), tuple((type(e), e) for e in val) if type(val) is tuple else val)
+                 for name, val in sorted(kw.items()))
+    key = (fn, args) + tuple((x.shape, x.stride(), x.dtype, x.device) for x in (q, k, v))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def cached_check(check, cache: dict, q, k, v, *, fn: str, **kw):
+    """``check(q, k, v, fn=fn, **kw)`` -> (q, k, v, *rest), answered from ``cache`` for a call with the key of an
+    earlier one (check_cache_key): the same result, and the same errors (a call that fails is never cached). q, k,
+    v come back as given on a cached call (the key excludes the lazy views that checks replace)."""
+    key = check_cache_key(q, k, v, fn, kw)
+    rest = cache.get(key) if key is not None else None
+    if rest is None:
+        q, k, v, *rest = check(q, k, v, fn=fn, **kw)
+        rest = tuple(rest)
+        if key is not None:
+            if len(cache) >= CHECK_CACHE_MAX:
+                cache.clear()
+            cache[key] = rest
+    return (q, k, v) + rest

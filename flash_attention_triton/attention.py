@@ -15,8 +15,8 @@ import torch
 
 from flash_attention_py import masks
 from flash_attention_py.custom_ops import call_forward, on_device
-from flash_attention_py.validation import (check_dropout, check_flag, check_qkv, check_scale_range, resolve_lazy,
-                                           resolve_softmax_scale, resolve_window)
+from flash_attention_py.validation import (cached_check, check_dropout, check_flag, check_qkv, check_scale_range,
+                                           resolve_lazy, resolve_softmax_scale, resolve_window)
 
 from . import library_ops  # the custom ops torch.ops.fa_ladder.triton_fwd / triton_bwd (over launch.py)
 from .capabilities import BF16_CPU_REASON, CAPABILITIES, interpreter_on
@@ -97,6 +97,22 @@ def _dropout(dropout_p, dropout_seed, *, fn: str) -> tuple:
     return check_dropout(dropout_p, dropout_seed, fn=fn)
 
 
+def _check_call(q, k, v, *, fn: str, causal, softmax_scale, window_size, dropout_p, dropout_seed, return_lse):
+    """Every check of a flash_attn_triton call -> (q, k, v without lazy views, window, dropout_p, dropout_seed,
+    softmax_scale)."""
+    B, H, Nq, Nk, D = check_inputs(q, k, v, fn=fn)
+    q, k, v = (resolve_lazy(x) for x in (q, k, v))  # conj/neg views: the kernels read raw memory
+    window = resolve_window(causal, window_size, fn=fn)  # checks causal too
+    p, seed = _dropout(dropout_p, dropout_seed, fn=fn)
+    check_flag(return_lse, "return_lse", fn=fn)
+    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
+    check_scale_range(q, k, scale, fn=fn)  # the kernels compute the scores in float32
+    return q, k, v, window, p, seed, scale
+
+
+_CHECKED: dict = {}  # the answers of _check_call, per distinct call (validation.cached_check)
+
+
 @masks.with_mask_diagram
 def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), dropout_p=0.0,
                       dropout_seed=None, return_lse=False):
@@ -129,14 +145,9 @@ def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, window_size=
     ``torch.ops.fa_ladder.triton_fwd`` / ``triton_bwd`` (``library_ops.py``), so ``torch.compile(fullgraph=True)``
     compiles a model that calls this with no graph break.
     """
-    fn = "flash_attn_triton"
-    B, H, Nq, Nk, D = check_inputs(q, k, v, fn=fn)
-    q, k, v = (resolve_lazy(x) for x in (q, k, v))  # conj/neg views: the kernels read raw memory
-    window = resolve_window(causal, window_size, fn=fn)  # checks causal too
-    p, seed = _dropout(dropout_p, dropout_seed, fn=fn)
-    check_flag(return_lse, "return_lse", fn=fn)
-    scale = resolve_softmax_scale(softmax_scale, D, fn=fn)
-    check_scale_range(q, k, scale, fn=fn)  # the kernels compute the scores in float32
+    q, k, v, window, p, seed, scale = cached_check(  # the checks, once per distinct call
+        _check_call, _CHECKED, q, k, v, fn="flash_attn_triton", causal=causal, softmax_scale=softmax_scale,
+        window_size=window_size, dropout_p=dropout_p, dropout_seed=dropout_seed, return_lse=return_lse)
     # through the torch.library custom op (library_ops.py): one graph node for torch.compile, differentiable
     # through its registered backward op. Eager calls that need no gradient skip its dispatch (~30 us).
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):

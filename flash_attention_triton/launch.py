@@ -124,6 +124,60 @@ else:
 _JIT = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel}
 
 
+# ----------------------------------------------------------------------------- the launch itself
+# ``jit_fn[grid](*args, **consts)`` costs about 35 us of host time on an H100 host (Triton 3.6), as long as a
+# whole kernel at N = 1024: it binds the arguments, works out their specialisation (dtype, 16-byte alignment,
+# ints divisible by 16 or equal to 1) and looks the compiled kernel up by it. _run does that once per distinct
+# launch and keeps the compiled kernel under a key that is finer than the specialisation: the tensors' dtypes
+# and whether each address is 16-byte aligned, every int's exact value, the floats' and the seed's types. The
+# next launch with the same key calls the compiled kernel directly (about 10 us). A launch hook (a profiler
+# such as proton) sends every launch through Triton's own path.
+_COMPILED: dict = {}  # launch key -> (compiled kernel, the values of the jit function's constexpr parameters)
+_COMPILED_MAX = 4096
+
+
+def _int_kind(x) -> str:
+    """The Triton argument type of an int that is not specialised (the dropout seed): i32, i64 or u64."""
+    return "i32" if -2**31 <= x < 2**31 else ("i64" if -2**63 <= x < 2**63 else "u64")
+
+
+def _hooked(hook) -> bool:
+    """Is a launch hook set? (None, or an empty chain of hooks in Triton >= 3.7: no.)"""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _driver():
+    return triton.runtime.driver.active
+
+
+def _run(jit_fn, grid: tuple, tensors: tuple, ints: tuple, tail: tuple, consts: dict) -> None:
+    """Launch ``jit_fn[grid](*tensors, *ints, *tail, **consts)``: the kernel's arguments in its order, tensors
+    first, then the ints it may specialise on (strides, sizes), then ``tail`` (floats, and the dropout seed, an
+    int it does not specialise on). consts: its constexprs and the options (num_warps, num_stages)."""
+    knobs = getattr(triton, "knobs", None)
+    hooked = knobs is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
+    if INTERPRETED or hooked:
+        jit_fn[grid](*tensors, *ints, *tail, **consts)
+        return
+    driver = _driver()
+    device = driver.get_current_device()
+    key = (jit_fn, device, tuple([t.dtype for t in tensors]), tuple([t.data_ptr() % 16 == 0 for t in tensors]),
+           ints, tuple(["f" if type(x) is float else _int_kind(x) for x in tail]), tuple(consts.items()))
+    hit = _COMPILED.get(key)
+    if hit is None:
+        compiled = jit_fn[grid](*tensors, *ints, *tail, **consts)  # compiles (once per specialisation), launches
+        if compiled is not None and hasattr(compiled, "packed_metadata"):
+            if len(_COMPILED) >= _COMPILED_MAX:
+                _COMPILED.clear()
+            n = len(tensors) + len(ints) + len(tail)
+            _COMPILED[key] = (compiled, tuple(consts[name] for name in jit_fn.arg_names[n:]))
+        return
+    compiled, constexprs = hit
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    compiled.run(g[0], g[1], g[2], driver.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *tensors, *ints, *tail, *constexprs)
+
+
 # The autotuner's choice per problem, so later calls skip triton.Autotuner.run (host time matters at
 # small N). Keyed on power-of-two buckets of Nq and Nk: the first length in a bucket is tuned, and every
 # other length in it reuses that choice, so a workload of varying lengths does not keep tuning.
@@ -137,10 +191,12 @@ def length_bucket(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block_d, elem, group=1, config=None):
+def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block_d, elem, group=1, config=None,
+            n_tensors: int, n_tail: int):
     """Launch ``kernel`` over grid (cdiv(grid_rows, BLOCK), B*H) with a fixed or an autotuned config.
 
-    ``config`` (BLOCK_M, BLOCK_N[, num_warps, num_stages]) forces a config (tests use it).
+    ``config`` (BLOCK_M, BLOCK_N[, num_warps, num_stages]) forces a config (tests use it). args: the first
+    ``n_tensors`` are tensors, the last ``n_tail`` floats and the seed, ints between (``_run``).
     """
     block_of = (lambda meta: meta["BLOCK_N"]) if kernel == "dkdv" else (lambda meta: meta["BLOCK_M"])
     if config is None:
@@ -163,7 +219,9 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
     extra = {} if INTERPRETED else {"num_warps": config[2] if len(config) > 2 else 4,
                                     "num_stages": config[3] if len(config) > 3 else 2}
     meta = {"BLOCK_M": BM, "BLOCK_N": BN}
-    _JIT[kernel][(triton.cdiv(grid_rows, block_of(meta)), BH)](*args, **consts, BLOCK_M=BM, BLOCK_N=BN, **extra)
+    args = tuple(args)
+    _run(_JIT[kernel], (triton.cdiv(grid_rows, block_of(meta)), BH), args[:n_tensors],
+         args[n_tensors:len(args) - n_tail], args[len(args) - n_tail:], dict(consts, **meta, **extra))
 
 
 _SM_COUNT = {}
@@ -243,7 +301,7 @@ def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), H, group, Nq, Nk, *scale_args(scale),
             *dropout_args(dropout_p, dropout_seed))
     _launch("fwd", Nq, B * H, args, consts, Nq=Nq, Nk=Nk, block_d=consts["BLOCK_D"], elem=q.element_size(),
-            group=group, config=config)
+            group=group, config=config, n_tensors=5, n_tail=3)
     return o, lse
 
 
@@ -265,8 +323,8 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     # 1. Delta_i = rowsum(dO_i * O_i)
     delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     BM_pre = C.INTERPRETER["pre"][0] if INTERPRETED else 128
-    attn_bwd_preprocess[(triton.cdiv(Nq, BM_pre), B * H)](
-        o, do, delta, *do.stride(), H, Nq, HEAD_DIM=D, BLOCK_M=BM_pre, BLOCK_D=block_d)
+    _run(attn_bwd_preprocess, (triton.cdiv(Nq, BM_pre), B * H), (o, do, delta), (*do.stride(), H, Nq), (),
+         dict(HEAD_DIM=D, BLOCK_M=BM_pre, BLOCK_D=block_d))
     # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -279,11 +337,12 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=k.device) for _ in range(2))
     _launch("dkdv", Nk, B * Hk * splits, (q, k, v, do, lse, delta, dk_out, dv_out, *common, H, group, splits, Nq, Nk,
                                           *scale_args(scale), *drop), consts,
-            Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"))
+            Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"), n_tensors=8, n_tail=3)
     if splits > 1:  # dK_j, dV_j = sums over the splits (each a sum over its share of the group)
         for grad, part in ((dk, dk_out), (dv, dv_out)):
             grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
     # 3. dQ_i: one program per Q block
     _launch("dq", Nq, B * H, (q, k, v, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale), *drop),
-            consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"))
+            consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"), n_tensors=7,
+            n_tail=3)
     return dq, dk, dv

@@ -333,6 +333,47 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
         _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 
 
+def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_launches):
+    """run_backward works out what to launch once per distinct call (launch_specs.backward_plan): the kernel 'auto'
+    resolves to, the head dim it pads to, the specs, and the float32 buffers no caller sees (Delta, dQaccum,
+    dKVpart) at 256-byte aligned offsets into one allocation, none overlapping; clear_caches forgets it."""
+    plan_of = launch_specs.backward_plan
+    args = ("float16", (2, 6, 300, 64), (2, 2, 420, 64), (9, 0), CAUSAL, 0.125, (0.0, None), None)
+    plan = plan_of("auto", *args)
+    assert plan is plan_of("auto", *args) and plan.kernel == "wgmma-ws" and plan.pad_to is None
+    assert [s.name.split("<")[0] for s in plan.specs] == ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store",
+                                                          "wgmma_bwd_kv_sum"]  # 2 x 2 x 4 blocks: the group split
+    sizes = {"dQaccum": math.prod(launch_specs.dq_accum_shape(plan.p)), "Delta": 2 * 6 * 300,
+             "dKVpart": math.prod(launch_specs.kv_part_shape(plan.p))}
+    spans = sorted((offset, offset + sizes[name]) for name, offset in plan.scratch)
+    assert {name for name, _ in plan.scratch} == set(sizes) and spans[-1][1] <= plan.scratch_size
+    assert all(a % 64 == 0 and b <= c for (a, b), (c, _) in zip(spans, spans[1:] + [(plan.scratch_size, 0)]))
+    whole = plan_of("wgmma-ws", "bfloat16", (2, 8, 4096, 128), (2, 8, 4096, 128), (9, 0), CAUSAL, 0.1)
+    assert len(whole.specs) == 3 and dict(whole.scratch)["dKVpart"] == dict(whole.scratch)["dQaccum"]  # untouched
+    assert plan_of("mma", *args).scratch == (("Delta", 0),)
+    assert plan_of("wgmma-ws", "float16", (1, 2, 50, 96), (1, 2, 50, 96), (9, 0), CAUSAL, 0.1).pad_to == 128
+    tiled = plan_of("auto", "float32", (1, 2, 50, 64), (1, 2, 50, 64), (9, 0), CAUSAL, 0.1)
+    assert (tiled.kernel, tiled.p.dtype, tiled.scratch, tiled.out_dtype) == ("tiled", "float32", (), "float32")
+    assert plan_of("auto", "float16", (1, 2, 50, 64), (1, 2, 50, 64), (8, 0), CAUSAL, 0.1).kernel == "mma"
+    with pytest.raises(ValueError, match="run_backward: kernel must be .* got 'wgmma-wz'"):
+        plan_of("wgmma-wz", *args)
+    with pytest.raises(ValueError, match="run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma'"):
+        plan_of("wgmma-fused", *args[:-1], (64, 2))
+    launch_specs.clear_caches()
+    assert plan_of("auto", *args) is not plan and plan_of("auto", *args) == plan
+    # a call hands each kernel its buffer's address inside the one scratch allocation
+    x = make_inputs(2, 6, 300, 420, 64, dtype="float16", kind="torch")
+    q, do = x["q"], x["do"]
+    k, v = x["k"][:, :2].contiguous(), x["v"][:, :2].contiguous()
+    o, lse = launch_specs.run_forward(q, k, v, CAUSAL, 0.125, "wgmma-ws")
+    recorded_launches.clear()
+    launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.125, "auto")
+    pre, ws = recorded_launches[0][3], recorded_launches[1][3]
+    delta, dq_accum = pre[2], pre[3]  # wgmma_bwd_preprocess(O, dO, Delta, dQaccum, ...)
+    assert delta - dq_accum == 4 * dict(plan.scratch)["Delta"]
+    assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,)  # after the 4 maps: LSE, Delta, dK, dV, dQaccum
+
+
 @pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128), (160, 256), (256, 256)])
 def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
     assert launch_specs.padded_head_dim(D) == padded

@@ -234,9 +234,7 @@ def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, mo
     group whole in each block (min_blocks 1: no split) and split over blocks (min_blocks 10**6: one query head
     each, grid order)."""
     monkeypatch.setattr(launch_specs, "WGMMA_WS_BACKWARD_MIN_BLOCKS", min_blocks)
-    launch_specs.ws_backward_splits.cache_clear()
-    launch_specs.wgmma_bwd_ws.cache_clear()
-    launch_specs.wgmma_bwd_kv_sum.cache_clear()
+    launch_specs.clear_caches()
     try:
         Nq, Nk, Hq, Hk = 300, 420, 6, 2
         q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, 64, "float16")
@@ -251,9 +249,7 @@ def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, mo
         for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, (qn.grad, kn.grad, vn.grad)):
             _check(name, g, r, n, FLOOR["float16"] * Nk ** 0.5)
     finally:
-        launch_specs.ws_backward_splits.cache_clear()
-        launch_specs.wgmma_bwd_ws.cache_clear()
-        launch_specs.wgmma_bwd_kv_sum.cache_clear()
+        launch_specs.clear_caches()
 
 
 @gpu

@@ -264,6 +264,104 @@ def test_gpu_new_length_in_a_tuned_bucket_does_not_tune_again():
     ref = attention_reference(x["q"], x["k"], x["v"], causal=causal)
     assert_matches(o, ref, TOL["float16"], "o at N=1500 with the bucket's config")
 
+def test_launch_reuses_the_compiled_kernel_under_a_key_finer_than_its_specialisation(monkeypatch):
+    """L._run calls Triton's launcher once per distinct key (tensors' dtypes and 16-byte alignment, every int's
+    value, the floats' and the seed's types, the constexprs) and the compiled kernel directly after that; a launch
+    hook (a profiler) sends every launch through Triton's own path. On a fake kernel and driver (no GPU)."""
+    calls = []
+
+    class Compiled:
+        packed_metadata, function = "meta", "fn"
+
+        def run(self, *args):
+            calls.append(("direct",) + args)
+
+    class Kernel:
+        arg_names = ["X", "Y", "stride", "n", "p", "seed", "BLOCK", "FLAG"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append(("triton", grid, args, kw)) or Compiled()
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 77
+
+    monkeypatch.setattr(L, "INTERPRETED", False)
+    monkeypatch.setattr(L, "_COMPILED", {})
+    monkeypatch.setattr(L, "_driver", Driver)
+    kernel, buf = Kernel(), torch.zeros(64, dtype=torch.float16)
+    x, y = buf[:16], buf[16:32]  # 32-byte offsets: both 16-byte aligned
+    consts = dict(BLOCK=64, FLAG=True, num_warps=4)
+
+    def launch(x=x, stride=8, seed=5, p=0.1, **kw):
+        calls.clear()
+        L._run(kernel, (3, 2), (x, y), (stride, 100), (p, seed), dict(consts, **kw))
+        return calls[0][0]
+
+    assert launch() == "triton" and calls[0][1:] == ((3, 2), (x, y, 8, 100, 0.1, 5), consts)
+    assert launch() == "direct"
+    assert calls[0][1:] == (3, 2, 1, 77, "fn", "meta", None, None, None, x, y, 8, 100, 0.1, 5, 64, True)
+    assert launch(seed=12345, p=0.3) == "direct"  # the seed and the floats are not specialised on
+    assert launch(stride=16) == "triton"  # another int value (divisible by 16 now)
+    assert launch(x=buf[1:17]) == "triton"  # an address 2 bytes off alignment
+    assert launch(x=buf[16:32].float()) == "triton"  # another dtype
+    assert launch(seed=2**40) == "triton" and launch(seed=2**40 + 1) == "direct"  # an i64 seed
+    assert launch(BLOCK=32) == "triton"
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert launch() == "triton"
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: the direct launch runs on a GPU")
+def test_gpu_direct_launch_keeps_each_specialisation():
+    """The same shapes and strides at 16-byte aligned addresses and 2 bytes off, alternating: Triton compiles each
+    specialisation once, L._run launches the cached one directly after that, and every answer matches float64."""
+    x = make_inputs(2, 3, 100, 130, 64, dtype="float16", device="cuda")
+
+    def at_offset(t, offset):
+        buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+        view = buf[offset:offset + t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    for causal in (False, True):
+        o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, return_lse=True)
+        grads_ref = attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=causal)
+        for offset in (0, 1, 0, 1):
+            q, k, v, do = (at_offset(x[n], offset) for n in ("q", "k", "v", "do"))
+            assert (q.data_ptr() % 16 == 0) == (offset == 0)
+            o, lse, dq, dk, dv = fwd_bwd(q, k, v, do, causal)
+            assert_matches(o, o_ref, TOL["float16"], f"o offset {offset} causal={causal}")
+            assert_matches(lse, lse_ref, TOL["float16"], f"lse offset {offset} causal={causal}")
+            for name, g, g_ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads_ref):
+                assert_matches(g, g_ref, 10 * TOL["float16"] * math.sqrt(130 / 64), f"{name} offset {offset}")
+    assert L._COMPILED, "no launch went through the direct path's cache"
+
+
+def test_checks_are_cached_by_what_they_read(monkeypatch):
+    """flash_attn_triton checks a call once per distinct key (validation.cached_check, as flash_attn_cuda does);
+    another shape or argument is checked again, bad input is refused every time."""
+    seen = []
+    real = A._check_call
+    monkeypatch.setattr(A, "_CHECKED", {})
+    monkeypatch.setattr(A, "_check_call", lambda *a, **kw: seen.append(a[0].shape) or real(*a, **kw))
+    x = make_inputs(1, 2, 17, 17, 16, dtype="float32", device=DEVICE)
+    q, k, v = x["q"], x["k"], x["v"]
+    first = flash_attn_triton(q, k, v, causal=True)
+    for _ in range(2):
+        assert torch.equal(flash_attn_triton(q, k, v, causal=True), first)
+    assert len(seen) == 1
+    flash_attn_triton(q, k, v, causal=False)
+    flash_attn_triton(q[:, :, :5], k, v, causal=True)
+    assert len(seen) == 3
+    for _ in range(2):
+        with pytest.raises(TypeError, match="causal must be True or False"):
+            flash_attn_triton(q, k, v, causal=1)
+    assert len(seen) == 5
+
+
 def test_prune_keeps_something_and_fits():
     for kernel, cands in C.CANDIDATES.items():
         for block_d in (16, 64, 128, 256):

@@ -9,7 +9,8 @@ times, per call and with ``time.perf_counter`` over ``--calls`` calls after a wa
 * ``flash_attn_cuda`` forward (kernel=auto), the forward + backward through autograd (causal), and the
   backward alone, through autograd on a kept graph (as the benchmark times it) and ``run_backward`` itself;
 * the pieces of a forward: the checks alone (``checks.check_forward_cached``), the two output allocations,
-  and ``runtime.launch`` of the already-built launch spec (the CuPy launch);
+  and ``runtime.launch`` of the already-built launch spec (the CuPy launch); and of ``run_backward``: its cached
+  plan (``launch_specs.backward_plan``), its four allocations and the launches of its kernels;
 * SDPA's FlashAttention-2 forward, forward + backward and backward alone, for scale;
 * the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
   driver's ``cuLaunchKernel``, to show what the direct launch saves.
@@ -155,6 +156,26 @@ def main(argv=None) -> int:
     def run_backward_only():
         return launch_specs.run_backward(q, k, v, o_c, lse_c, do, (-1, 0), scale)
 
+    # the pieces of one run_backward: its plan (cached), its four allocations (dQ, dK, dV, one float32 scratch
+    # buffer) and its launches
+    plan_args = ("auto", p.dtype, tuple(q.shape), tuple(k.shape), runtime.device_cc(q), (-1, 0), scale, (0.0, None))
+    bplan = launch_specs.backward_plan(*plan_args)
+
+    def bwd_plan_only():
+        return launch_specs.backward_plan(*plan_args)
+
+    def bwd_alloc_only():
+        return [runtime.empty(q, x.shape, p.dtype) for x in (q, k, v)] + [
+            runtime.empty(q, (bplan.scratch_size,), "float32")]
+
+    bufs = bwd_alloc_only()
+    barrays = dict(Q=q, K=k, V=v, O=o_c, dO=do, LSE=lse_c, dQ=bufs[0], dK=bufs[1], dV=bufs[2],
+                   **{name: runtime.ptr(bufs[3]) + 4 * offset for name, offset in bplan.scratch})
+
+    def bwd_launch_only():
+        for spec in bplan.specs:
+            runtime.launch(stream, spec, barrays)
+
     def sdpa_bwd_kept():
         return torch.autograd.grad(kept_sdpa, (qg, kg, vg), do, retain_graph=True)
 
@@ -166,6 +187,9 @@ def main(argv=None) -> int:
              ("flash_attn_cuda forward + backward (causal, autograd)", fwd_bwd),
              ("flash_attn_cuda backward (causal, autograd.grad of a kept graph)", bwd_kept),
              ("  launch_specs.run_backward alone (no autograd)", run_backward_only),
+             ("    its plan (launch_specs.backward_plan, cached)", bwd_plan_only),
+             ("    its four allocations (dQ, dK, dV, the float32 scratch)", bwd_alloc_only),
+             (f"    runtime.launch of its {len(bplan.specs)} kernels", bwd_launch_only),
              ("sdpa FA2 forward", sdpa_fwd), ("sdpa FA2 forward + backward (causal)", sdpa_fwd_bwd),
              ("sdpa FA2 backward (causal, autograd.grad of a kept graph)", sdpa_bwd_kept))
     for name, fn in timed:
@@ -174,7 +198,7 @@ def main(argv=None) -> int:
     lines += threads_section(qg, kg, vg, do, bwd_kept, n, sync, args.kernel)
     runtime.DRIVER_LAUNCH = False
     lines.append("launches through CuPy (runtime.DRIVER_LAUNCH = False):")
-    for name, fn in (timed[0], timed[4], timed[5], timed[6], timed[7]):
+    for name, fn in (timed[0], timed[4], timed[5], timed[6], timed[7], timed[10]):
         lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
     runtime.DRIVER_LAUNCH = True
     for name, fn in (("forward", fwd), ("forward + backward", fwd_bwd), ("backward of a kept graph", bwd_kept)):

@@ -101,8 +101,7 @@ def inner(head_dims=None) -> int:
 
         saved = launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS
         launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = 1
-        for cached in (launch_specs.ws_backward_splits, launch_specs.wgmma_bwd_ws, launch_specs.wgmma_bwd_kv_sum):
-            cached.cache_clear()
+        launch_specs.clear_caches()
         try:
             for causal, window in ((True, (-1, -1)), (False, (30, -1))):
                 q = torch.randn(2, 6, 200, 64, device="cuda", dtype=torch.float16)
@@ -113,8 +112,7 @@ def inner(head_dims=None) -> int:
                 n += 4
         finally:
             launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = saved
-            for cached in (launch_specs.ws_backward_splits, launch_specs.wgmma_bwd_ws, launch_specs.wgmma_bwd_kv_sum):
-                cached.cache_clear()
+            launch_specs.clear_caches()
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0
