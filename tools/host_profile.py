@@ -11,7 +11,8 @@ times, per call and with ``time.perf_counter`` over ``--calls`` calls after a wa
 * the pieces of a forward: the checks alone (``checks.check_forward_cached``), the two output allocations,
   and ``runtime.launch`` of the already-built launch spec (the CuPy launch); and of ``run_backward``: its cached
   plan (``launch_specs.backward_plan``), its four allocations and the launches of its kernels;
-* SDPA's FlashAttention-2 forward, forward + backward and backward alone, for scale;
+* SDPA's FlashAttention-2 forward, forward + backward and backward alone, for scale, and the backward of a
+  Python ``torch.autograd.Function`` that does nothing (what autograd costs any Python backward);
 * the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
   driver's ``cuLaunchKernel``, to show what the direct launch saves.
 
@@ -176,6 +177,22 @@ def main(argv=None) -> int:
         for spec in bplan.specs:
             runtime.launch(stream, spec, barrays)
 
+    class Nothing(torch.autograd.Function):  # a Python backward that does no work: the floor of ours
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            ctx.saved_tensors
+            return grad, grad, grad
+
+    kept_nothing = Nothing.apply(qg, kg, vg)
+
+    def nothing_bwd_kept():
+        return torch.autograd.grad(kept_nothing, (qg, kg, vg), do, retain_graph=True)
+
     def sdpa_bwd_kept():
         return torch.autograd.grad(kept_sdpa, (qg, kg, vg), do, retain_graph=True)
 
@@ -191,7 +208,8 @@ def main(argv=None) -> int:
              ("    its four allocations (dQ, dK, dV, the float32 scratch)", bwd_alloc_only),
              (f"    runtime.launch of its {len(bplan.specs)} kernels", bwd_launch_only),
              ("sdpa FA2 forward", sdpa_fwd), ("sdpa FA2 forward + backward (causal)", sdpa_fwd_bwd),
-             ("sdpa FA2 backward (causal, autograd.grad of a kept graph)", sdpa_bwd_kept))
+             ("sdpa FA2 backward (causal, autograd.grad of a kept graph)", sdpa_bwd_kept),
+             ("a Python autograd.Function whose backward does nothing (kept graph)", nothing_bwd_kept))
     for name, fn in timed:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
