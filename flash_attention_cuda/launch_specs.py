@@ -552,7 +552,7 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     p = _problem(q, k, scale, window, dropout=dropout)
     _check_variants(kernel, p, "run_forward")
     stream = runtime.Stream(q)
-    o = runtime.empty(q, (p.B, p.H, p.Nq, p.D), p.dtype)
+    o = runtime.empty_as(q)  # (B, H, Nq, D) in q's dtype: q is contiguous here
     lse = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
     vec4 = p.D % 4 == 0 and all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
     runtime.launch(stream, forward_spec(kernel, p, vec4=vec4, config=config), dict(Q=q, K=k, V=v, O=o, LSE=lse))
@@ -665,7 +665,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         q, k, v, o, do, lse = (runtime.convert(x, "float32") for x in (q, k, v, o, do, lse))
         as_arg = runtime.as_cupy
     stream = runtime.Stream(q)
-    dq, dk, dv = (runtime.empty(q, x.shape, p.dtype) for x in (q, k, v))
+    dq, dk, dv = (runtime.empty_as(x) for x in (q, k, v))  # contiguous, in the kernels' dtype (p.dtype)
     arrays = dict(Q=q, K=k, V=v, O=o, dO=do, LSE=lse, dQ=dq, dK=dk, dV=dv)
     if plan.scratch:  # one allocation; each buffer by its address (alive until this returns: the launches are
         # ordered on the stream before any later use of the memory)

@@ -453,6 +453,18 @@ def convert(x, dtype: str):
     return cupy.ascontiguousarray(x, dtype=dtype)
 
 
+def empty_as(x):
+    """An uninitialised contiguous array with x's shape, dtype and device, of x's kind (torch's empty_like: a few
+    microseconds less a call than ``empty``)."""
+    if array_kind(x) == "torch":
+        import torch
+
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    import cupy
+
+    return cupy.empty(x.shape, dtype=x.dtype)
+
+
 def empty(like, shape, dtype: str):
     """An uninitialised array of ``shape`` and ``dtype`` on like's device, of like's kind (torch or CuPy)."""
     if array_kind(like) == "torch":

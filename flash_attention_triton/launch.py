@@ -18,6 +18,8 @@ so dropout_p = 0 runs the plain kernels. The softmax scale reaches every kernel 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -42,9 +44,21 @@ INTERPRETED = interpreter_on()
 FP32_PRECISION = "tf32x3"
 
 
+# Host-side arithmetic in plain Python: triton.cdiv and triton.next_power_of_2 are constexpr functions that cost
+# a few microseconds each when called from the host, several times per launch.
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints (triton.cdiv on the host)."""
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1; triton.next_power_of_2 on the host)."""
+    return 1 << (n - 1).bit_length()
+
+
 def _block_d(D: int) -> int:
     """Head dim padded to a power of two >= 16 (tl.dot needs K >= 16); the pad is masked off."""
-    return max(16, triton.next_power_of_2(D))
+    return max(16, _next_pow2(D))
 
 
 def _fit_int32(x, name: str = "q", fn: str = "flash_attn_triton"):
@@ -188,7 +202,7 @@ _PLAN = {}
 
 def length_bucket(n: int) -> int:
     """The autotuning bucket of a sequence length: the next power of two (1100 and 2048 share 2048)."""
-    return triton.next_power_of_2(n)
+    return _next_pow2(n)
 
 
 def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block_d, elem, group=1, config=None,
@@ -209,7 +223,7 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
                         consts["WINDOW_RIGHT"], consts["DROPOUT"], group > 1, args[0].dtype, args[0].device)
             config = _PLAN.get(plan_key)
             if config is None:
-                grid = lambda meta: (triton.cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
+                grid = lambda meta: (_cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
                 tuner = _TUNED[kernel]
                 tuner[grid](*args, **consts)
                 best = tuner.best_config
@@ -220,7 +234,7 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
                                     "num_stages": config[3] if len(config) > 3 else 2}
     meta = {"BLOCK_M": BM, "BLOCK_N": BN}
     args = tuple(args)
-    _run(_JIT[kernel], (triton.cdiv(grid_rows, block_of(meta)), BH), args[:n_tensors],
+    _run(_JIT[kernel], (_cdiv(grid_rows, block_of(meta)), BH), args[:n_tensors],
          args[n_tensors:len(args) - n_tail], args[len(args) - n_tail:], dict(consts, **meta, **extra))
 
 
@@ -246,7 +260,7 @@ def dkdv_splits(B: int, Hk: int, group: int, Nk: int, device) -> int:
         if idx not in _SM_COUNT:
             _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
         sms = _SM_COUNT[idx]
-    programs = triton.cdiv(Nk, SPLIT_BLOCK_N) * B * Hk
+    programs = _cdiv(Nk, SPLIT_BLOCK_N) * B * Hk
     for s in range(1, group + 1):
         if group % s == 0 and programs * s >= 2 * sms:
             return s
@@ -265,11 +279,14 @@ def _dot_prec(q) -> str:
 
 def _consts(q, window, dropout_p: float = 0.0) -> dict:
     """The constexprs of the forward, dK/dV and dQ kernels: head dim, mask window, dropout on/off, padded head
-    dim, dot precision."""
-    left, right = _window(window)
-    D = q.shape[-1]
-    return dict(HEAD_DIM=D, WINDOW_LEFT=left, WINDOW_RIGHT=right, DROPOUT=bool(dropout_p > 0), BLOCK_D=_block_d(D),
-                DOT_PREC=_dot_prec(q))
+    dim, dot precision. One dict per distinct answer, shared: callers must not change it."""
+    return _consts_of(q.shape[-1], _window(window), bool(dropout_p > 0), _dot_prec(q))
+
+
+@functools.lru_cache(maxsize=256)
+def _consts_of(D: int, window: tuple, dropout: bool, dot_prec: str) -> dict:
+    return dict(HEAD_DIM=D, WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], DROPOUT=dropout, BLOCK_D=_block_d(D),
+                DOT_PREC=dot_prec)
 
 
 def dropout_args(dropout_p: float = 0.0, dropout_seed=None) -> tuple:
@@ -295,7 +312,7 @@ def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0
     q, k, v = (_fit_int32(x, n) for x, n in zip((q, k, v), ("q", "k", "v")))  # int32 row offsets must not wrap
     B, H, Nq, D = q.shape
     Nk, group = k.shape[2], H // k.shape[1]
-    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, Nq, D), contiguous
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     consts = _consts(q, window, dropout_p)
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), H, group, Nq, Nk, *scale_args(scale),
@@ -323,12 +340,10 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     # 1. Delta_i = rowsum(dO_i * O_i)
     delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     BM_pre = C.INTERPRETER["pre"][0] if INTERPRETED else 128
-    _run(attn_bwd_preprocess, (triton.cdiv(Nq, BM_pre), B * H), (o, do, delta), (*do.stride(), H, Nq), (),
+    _run(attn_bwd_preprocess, (_cdiv(Nq, BM_pre), B * H), (o, do, delta), (*do.stride(), H, Nq), (),
          dict(HEAD_DIM=D, BLOCK_M=BM_pre, BLOCK_D=block_d))
     # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head, split), summing over its share of the group's
     #    query heads; with splits > 1 into float32 partial sums (B, Hk * splits, Nk, D), added up here

@@ -245,6 +245,12 @@ def test_gpu_autotuned_path(dtype, D):
 
 def test_length_bucket():
     assert [L.length_bucket(n) for n in (1, 1000, 1024, 1025, 1100, 2048, 3000)] == [1, 1024, 1024, 2048, 2048, 2048, 4096]
+    # the launcher's host arithmetic is triton's, in plain Python
+    for n in list(range(1, 300)) + [2**20 - 1, 2**20, 2**20 + 1, 2**31 - 1]:
+        assert L._next_pow2(n) == triton.next_power_of_2(n), n
+        for b in (1, 16, 64, 128, 7):
+            assert L._cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    assert [L._block_d(D) for D in (1, 16, 17, 40, 64, 96, 128, 200, 256)] == [16, 16, 32, 64, 64, 128, 128, 256, 256]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: the autotuner runs on a GPU")
