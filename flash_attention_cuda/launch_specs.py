@@ -502,14 +502,19 @@ def dq_accum_shape(p: Problem) -> tuple:
 
 # ------------------------------------------------------------------------------------ launching (checked inputs)
 def _problem(q, k, scale, window, dtype=None, dropout=(0.0, None)) -> Problem:
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
+    return _problem_of(tuple(q.shape), tuple(k.shape), dtype or dtype_name(q), scale, window, dropout)
+
+
+def _problem_of(q_shape: tuple, k_shape: tuple, dtype: str, scale, window, dropout=(0.0, None)) -> Problem:
+    """The Problem of q (B, H, Nq, D) and k (B, Hk, Nk, D) of ``dtype``."""
+    B, H, Nq, D = q_shape
+    Nk = k_shape[2]
     p_drop, seed = dropout
     # a bound past Nq + Nk hides nothing (left >= Nk and right >= Nq already do not): clamp it there, so the
     # kernels' int32 index arithmetic (the diagonal i + offset + right) cannot overflow whatever int the caller passed
     window = tuple(min(int(w), Nq + Nk) for w in window)
-    return Problem(B, H, Nq, Nk, D, dtype or dtype_name(q), float(scale), window, int(k.shape[1]),
-                   float(p_drop), None if seed is None else int(seed))
+    return Problem(B, H, Nq, Nk, D, dtype, float(scale), window, int(k_shape[1]), float(p_drop),
+                   None if seed is None else int(seed))
 
 
 def _check_variants(kernel: str, p: Problem, fn: str) -> None:
@@ -604,15 +609,11 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
         raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma', got kernel {kernel!r}")
     D = q_shape[-1]
     tensor_cores = kernel in TENSOR_CORE_BACKWARDS
-    if tensor_cores and padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) != D:  # zero columns: dO V^T, Delta and dS
-        # are unchanged
-        return BackwardPlan(kernel, padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]), None, (), (), 0, dtype)
-    B, H, Nq, _ = q_shape
-    Nk = k_shape[2]
-    # a bound past Nq + Nk hides nothing: clamped as _problem does (the kernels' int32 index arithmetic)
-    p = Problem(B, H, Nq, Nk, D, dtype if tensor_cores else "float32", float(scale),
-                tuple(min(int(w), Nq + Nk) for w in window), int(k_shape[1]), float(dropout[0]),
-                None if dropout[1] is None else int(dropout[1]))
+    Dp = padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) if tensor_cores else D
+    if Dp != D:  # zero columns: dO V^T, Delta and dS are unchanged
+        return BackwardPlan(kernel, Dp, None, (), (), 0, dtype)
+    p = _problem_of(q_shape, k_shape, dtype if tensor_cores else "float32", scale, window, dropout)
+    B, H, Nq = p.B, p.H, p.Nq
     _check_variants(kernel, p, "run_backward")
     if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
         # atomically) dQ, then dQ
