@@ -42,6 +42,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from flash_attention_py import masks
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
@@ -187,6 +188,11 @@ def _tc_args(p: Problem) -> tuple:
     return _common(p, with_d=False) + variant_args(p)
 
 
+def _flag(x: bool) -> str:
+    """A bool template argument."""
+    return "true" if x else "false"
+
+
 def _dropout_flag(p: Problem) -> str:
     """The DROPOUT template argument: appended only when set (the default instantiation has none)."""
     return ", true" if p.dropout else ""
@@ -260,19 +266,31 @@ def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
                       (_cdiv(p.Nq, Br), p.B * p.H), (128 * nwg,), smem, _FWD_BUFFERS, _tc_args(p))
 
 
+# the most dynamic shared memory one block may ask for on sm_90 (227 KiB)
+SM90_SMEM = 227 * 1024
+
+
 @_cached
-def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int] = None) -> LaunchSpec:
     """wgmma_ws.cu: (Bc, consumer warpgroups, stages) = config or WGMMA_WS_CONFIGS[D] (WGMMA_WS_DROPOUT_CONFIGS[D]
-    with dropout); Br = 64 * consumer
-    warpgroups, one more warpgroup for the copies (sm_90a only). q, k, v reach the kernel as tensor maps."""
+    with dropout); Br = 64 * consumer warpgroups query rows per work item, one more warpgroup for the copies
+    (sm_90a only). q, k, v reach the kernel as tensor maps. The kernel is persistent: ctas blocks (the GPU's SM
+    count, runtime.device_sms) walk the work units, ceil(Nq / Br) * B * H items of Br query rows, or with a right
+    bound (causal) half as many pairs of them; ctas None: one block per unit."""
     Bc, cwg, stages = config or (WGMMA_WS_DROPOUT_CONFIGS if p.dropout else WGMMA_WS_CONFIGS)[p.D]
     Br = 64 * cwg
     # wgmma_ws.cu, wgmma_ws_fwd's `extern __shared__ ... smem_raw` carve-up: sQ (Br, D), sK and sV STAGES x (Bc, D)
-    # each, 16-bit; the 8-byte mbarriers (q_full, then k_full, v_full, k_empty, v_empty per stage); plus up to 1024
-    # bytes of `pad` that aligns the tiles to 1024 bytes (the 128-byte swizzle)
-    smem = (Br + 2 * stages * Bc) * p.D * 2 + 8 * (1 + 4 * stages) + 1024
-    return LaunchSpec("wgmma_ws.cu", f"wgmma_ws_fwd<{p.D}, {Bc}, {cwg}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
-                      (_cdiv(p.Nq, Br), p.B * p.H), (128 * (cwg + 1),), smem, ("O", "LSE"), _tc_args(p),
+    # each, 16-bit; O's staging tile (Br, D) where it fits (OWN_O; else O is staged in Q's rows); the 8-byte
+    # mbarriers (q_full, q_empty, then k_full, v_full, k_empty, v_empty per stage); plus up to 1024 bytes of `pad`
+    # that aligns the tiles to 1024 bytes (the 128-byte swizzle)
+    tiles, o_tile, bars = (Br + 2 * stages * Bc) * p.D * 2, Br * p.D * 2, 8 * (2 + 4 * stages)
+    own_o = tiles + o_tile + bars + 1024 <= SM90_SMEM
+    smem = tiles + (o_tile if own_o else 0) + bars + 1024
+    n_m = _cdiv(p.Nq, Br)  # rows blocks per head; wgmma_ws.cu pairs them where the mask has a right bound
+    units = (_cdiv(n_m, 2) if masks.heavy_last(p.window) else n_m) * p.B * p.H
+    name = f"wgmma_ws_fwd<{p.D}, {Bc}, {cwg}, {stages}, {_bf16(p)}, {_flag(p.dropout)}, {_flag(own_o)}>"
+    return LaunchSpec("wgmma_ws.cu", name, (min(units, ctas) if ctas else units,), (128 * (cwg + 1),), smem,
+                      ("O", "LSE"), _tc_args(p) + (("BH", np.int32(p.B * p.H)),),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc)))
 
 
@@ -286,9 +304,10 @@ def seed_nomax_fwd(p: Problem) -> LaunchSpec:
 
 
 @_cached
-def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None) -> LaunchSpec:
+def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None,
+                 ctas: Optional[int] = None) -> LaunchSpec:
     """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'); config: the tensor-core
-    rungs only."""
+    rungs only; ctas: wgmma-ws's persistent grid (the GPU's SM count)."""
     if kernel == "naive":
         return naive_fwd(p)
     if kernel == "tiled":
@@ -298,7 +317,7 @@ def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optiona
     if kernel == "wgmma":
         return wgmma_fwd(p, config)
     if kernel == "wgmma-ws":
-        return wgmma_ws_fwd(p, config)
+        return wgmma_ws_fwd(p, config, ctas)
     raise ValueError(f"forward_spec: unknown kernel {kernel!r}; expected naive, tiled, mma, wgmma or wgmma-ws")
 
 
@@ -560,7 +579,9 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     o = runtime.empty_as(q)  # (B, H, Nq, D) in q's dtype: q is contiguous here
     lse = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
     vec4 = p.D % 4 == 0 and all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
-    runtime.launch(stream, forward_spec(kernel, p, vec4=vec4, config=config), dict(Q=q, K=k, V=v, O=o, LSE=lse))
+    ctas = runtime.device_sms(q) if kernel == "wgmma-ws" else None
+    runtime.launch(stream, forward_spec(kernel, p, vec4=vec4, config=config, ctas=ctas),
+                   dict(Q=q, K=k, V=v, O=o, LSE=lse))
     return o, lse
 
 

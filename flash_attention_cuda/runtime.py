@@ -39,7 +39,7 @@ import numpy as np
 from flash_attention_py.validation import array_kind
 
 __all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", "get_kernel", "compute_capability",
-           "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert", "copy", "tensor_map",
+           "device_sms", "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert", "copy", "tensor_map",
            "tensor_map_layout", "encode_tensor_map", "Packed"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
@@ -145,6 +145,27 @@ def device_cc(x) -> tuple:
         cc = compute_capability(idx)
         _CC[idx] = (int(cc[:-1]), int(cc[-1]))
     return _CC[idx]
+
+
+_SMS: dict = {}  # device index -> multiprocessor count
+
+
+def device_sms(x) -> int:
+    """The number of SMs of the GPU that holds x (a torch CUDA tensor or a CuPy array), cached: the grid of a
+    persistent kernel (wgmma_ws_fwd)."""
+    if array_kind(x) == "torch":
+        import torch
+
+        idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if idx not in _SMS:
+            _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        return _SMS[idx]
+    idx = x.device.id
+    if idx not in _SMS:
+        import cupy
+
+        _SMS[idx] = cupy.cuda.Device(idx).attributes["MultiProcessorCount"]
+    return _SMS[idx]
 
 
 # ------------------------------------------------------------------------------------ streams and launches

@@ -78,10 +78,9 @@ def test_launcher_configs_are_instantiated_for_nvcc():
                          for bf in ("false", "true")},
               "wgmma.cu": {f"wgmma_fwd<{D}, {bc}, {nwg}, {bf}>" for D, (bc, nwg) in launcher.WGMMA_CONFIGS.items()
                            for bf in ("false", "true")},
-              "wgmma_ws.cu": {f"wgmma_ws_fwd<{D}, {bc}, {cwg}, {st}, {bf}>"
-                              for D, (bc, cwg, st) in launcher.WGMMA_WS_CONFIGS.items() for bf in ("false", "true")}
-              | {f"wgmma_ws_fwd<{D}, {bc}, {cwg}, {st}, {bf}, true>"
-                 for D, (bc, cwg, st) in launch_specs.WGMMA_WS_DROPOUT_CONFIGS.items() for bf in ("false", "true")},
+              "wgmma_ws.cu": {launch_specs.wgmma_ws_fwd(launch_specs.Problem(1, 1, 64, 64, D, dt, 0.1, (-1, -1),
+                                                                           dropout_p=dp, dropout_seed=1)).name
+                              for D in launcher.WGMMA_WS_CONFIGS for dt in ("float16", "bfloat16") for dp in (0.0, 0.5)},
               "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {nw}, {tile}, {bf}>"
                                   for D, (nw, tile) in launcher.MMA_BACKWARD_CONFIGS.items()
                                   for kind in ("dkdv", "dq") for bf in ("false", "true")}

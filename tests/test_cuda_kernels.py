@@ -213,10 +213,14 @@ def test_launch_specs_match_the_kernel_signatures():
             seed = p.dropout_seed if p.dropout_p > 0 else 0
             assert (int(values["seed_lo"]), int(values["seed_hi"])) == (seed % 2**32, seed >> 32)
             # the flags DROPOUT (and GQA, mma_bwd_dkdv), given only when set: template arguments after the default
-            n_args = len(spec.name.split("<")[1].split(","))
+            # (wgmma_ws_fwd spells out all seven: ..., BF16, DROPOUT, OWN_O)
+            args = [a.strip() for a in spec.name.split("<")[1].rstrip(">").split(",")]
+            if kernel == "wgmma_ws_fwd":
+                assert len(args) == 7 and args[5] == ("true" if p.dropout_p > 0 else "false"), spec.name
+                continue
             gqa = kernel.endswith(("mma_bwd_dkdv", "wgmma_bwd_fused")) and p.H != (p.Hk or p.H)
-            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_ws_fwd": 5, "wgmma_bwd_ws": 4}.get(kernel, 4)
-            assert n_args == n_base + (2 if gqa else p.dropout_p > 0), spec.name
+            n_base = {"mma_fwd": 5, "wgmma_fwd": 4, "wgmma_bwd_ws": 4}.get(kernel, 4)
+            assert len(args) == n_base + (2 if gqa else p.dropout_p > 0), spec.name
 
 
 def test_launch_specs_grid_block_smem():
@@ -234,13 +238,22 @@ def test_launch_specs_grid_block_smem():
     assert (w.name, w.grid, w.block, w.smem) == ("wgmma_fwd<64, 64, 2, true>", (3, 6), (256,),
                                                  (128 + 4 * 64) * 64 * 2 + 1024)
     assert launch_specs.mma_fwd(h, config=(64, 4, 2)).name == "mma_fwd<128, 64, 4, 2, false>"
-    # wgmma-ws (128, 2, 2): 2 consumer warpgroups (Br = 128) and a producer; Q + 2 stages of K and V, the
-    # mbarriers and 1024 B of alignment; q, k, v as tensor maps read in boxes of Br or Bc rows
+    # wgmma-ws (128, 2, 2): 2 consumer warpgroups (Br = 128) and a producer; Q + 2 stages of K and V, O's own
+    # staging tile, the mbarriers and 1024 B of alignment; q, k, v as tensor maps read in boxes of Br or Bc rows;
+    # one block per work unit, or a persistent grid of ctas blocks that walk them; a unit is one rows block
+    # (3 per head x 6 heads), or with causal a pair of them (the middle one alone: 2 x 6)
     ws = launch_specs.wgmma_ws_fwd(h)
-    assert (ws.name, ws.grid, ws.block, ws.smem) == ("wgmma_ws_fwd<128, 128, 2, 2, false>", (3, 6), (384,),
-                                                     (128 + 4 * 128) * 128 * 2 + 8 * 9 + 1024)
+    assert (ws.name, ws.grid, ws.block, ws.smem) == ("wgmma_ws_fwd<128, 128, 2, 2, false, false, true>", (12,), (384,),
+                                                     (2 * 128 + 4 * 128) * 128 * 2 + 8 * 10 + 1024)
     assert ws.maps == (("tmQ", "Q", 128), ("tmK", "K", 128), ("tmV", "V", 128)) and ws.buffers == ("O", "LSE")
+    assert ws.scalars[-1] == ("BH", 6)
+    assert launch_specs.wgmma_ws_fwd(h, ctas=4).grid == (4,) and launch_specs.wgmma_ws_fwd(h, ctas=132).grid == (12,)
+    for window, units in (((-1, -1), 18), ((40, -1), 18), ((-1, 3), 12), ((40, 0), 12)):
+        assert launch_specs.wgmma_ws_fwd(h._replace(window=window), ctas=132).grid == (units,), window
     assert launch_specs.wgmma_ws_fwd(h._replace(D=64), config=(128, 3, 2)).block == (512,)
+    # D = 256: O's tile does not fit beside Q (64 KiB) and the ring (128 KiB); it is staged in Q's rows
+    big = launch_specs.wgmma_ws_fwd(h._replace(D=256))
+    assert big.name.endswith(", false>") and big.smem == (128 + 4 * 64) * 256 * 2 + 8 * 10 + 1024 <= launch_specs.SM90_SMEM
     kv, dq = launch_specs.mma_bwd_dkdv(h._replace(D=64)), launch_specs.mma_bwd_dq(h._replace(D=64))
     assert (kv.grid, kv.block, kv.smem) == ((3, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2 + 4 * 64 * 4)
     assert (dq.grid, dq.block, dq.smem) == ((5, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2)

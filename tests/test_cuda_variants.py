@@ -287,6 +287,33 @@ def test_rows_that_see_no_key(kernel):
     assert errors(o, ref)[0] < 4e-3
 
 
+@gpu
+@pytest.mark.parametrize("ctas", [1, 3, 7])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("kernel", [WGMMA_WS])
+def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
+    """wgmma_ws_fwd is persistent: ctas blocks walk every work item (Br query rows of one head) in turn, the ring
+    of K/V slots and the mbarriers' phases running on across items, O staged in its own tile (D 64, 128) or in
+    Q's rows (D 256, where the next Q waits for the store). With 1, 3 or 7 blocks for many items: causal with
+    Nq > Nk (rows blocks walked in pairs, the middle one of an odd count alone; the first items' rows see no key:
+    O = 0, lse = -inf, without the ring), a window with GQA and dropout (a right bound: pairs too), and a
+    negative scale (Q's sign flipped per item), against the float64 reference."""
+    monkeypatch.setattr(runtime, "device_sms", lambda x: ctas)
+    cases = [(520, 300, 4, 2, dict(causal=True), 0.125),  # 5 (Br 128) or 3 (Br 192) rows blocks: a block alone
+             (333, 517, 6, 3, dict(window_size=(70, 20), dropout_p=0.17, dropout_seed=2**40 + 3), 0.1),
+             (260, 260, 2, 2, dict(), -0.07)]
+    for i, (Nq, Nk, Hq, Hk, kw, scale) in enumerate(cases):
+        dtype = ("float16", "bfloat16")[i % 2]
+        q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+        o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, softmax_scale=scale, **kw)
+        ref_o, ref_lse = attention_reference(q, k, v, return_lse=True, softmax_scale=scale, **kw)
+        naive_o, naive_lse = attention_naive(q, k, v, return_lse=True, softmax_scale=scale, **kw)
+        _check(f"o {Nq}x{Nk}", o, ref_o, naive_o, FLOOR[dtype])
+        _check(f"lse {Nq}x{Nk}", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
+        if kw.get("causal"):
+            assert (o[:, :, :Nq - Nk] == 0).all() and torch.isneginf(lse[:, :, :Nq - Nk]).all()
+
+
 # ------------------------------------------------------------------ fa::Mask on the host (CPU): the window logic
 _MASK_MAIN = r"""
 #define __device__

@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--configs", choices=("all", "library"), default="all",
+                    help="all: every candidate config (default); library: launch_specs.WGMMA_WS_CONFIGS[D] alone")
     ap.add_argument("--timer", choices=("graph", "events"), default="graph",
                     help="graph: CUDA-graph replays, the kernels alone (default); events: do_bench, host time included "
                          "where it is longer than the kernel")
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
-    from flash_attention_cuda import launch_specs
+    from flash_attention_cuda import launch_specs, runtime
     from flash_attention_py.common import attention_flops
     from flash_attention_py.inputs import make_inputs
     from flash_attention_py.masks import window_for
@@ -67,14 +69,23 @@ def main(argv=None) -> int:
         o_ref, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma")
         ms = {"wgmma": timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
         diff = {}
-        for cfg in CANDIDATES.get(D, []):
-            name = "wgmma-ws " + "x".join(map(str, cfg))
+        library = launch_specs.WGMMA_WS_CONFIGS[D]
+        configs = [(cfg, True) for cfg in (CANDIDATES.get(D, []) if args.configs == "all" else [library])]
+        for cfg, persistent in configs + [(library, False)]:
+            # persistent: one block per SM walks the work units (the library's grid); else one block per unit (an
+            # item of Br query rows, or with causal a pair of them)
+            name = "wgmma-ws " + "x".join(map(str, cfg)) + ("" if persistent else " a block per unit")
+            sms = runtime.device_sms
             try:
+                if not persistent:
+                    runtime.device_sms = lambda x: 1 << 30  # a grid of min(units, 2^30) blocks: one per unit
                 o, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg)
                 diff[name] = (o.float() - o_ref.float()).abs().max().item()
                 ms[name] = timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg))
             except Exception as exc:  # a config the GPU cannot hold: recorded, not fatal
                 diff[name] = f"{type(exc).__name__}: {exc}"[:300]
+            finally:
+                runtime.device_sms = sms
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             with sdpa_kernel(backend):
                 ms[name] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
@@ -92,7 +103,7 @@ def main(argv=None) -> int:
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
     md = [f"# Hopper forward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
           "", f"`{doc['command']}`; {doc['unit']}. wgmma-ws BcxCxS: Bc keys per tile, C consumer warpgroups, "
-          "S K/V stages.", "",
+          "S K/V stages; persistent (one block per SM walks the work units: items of Br query rows, pairs of them with causal) unless marked \"a block per unit\".", "",
           "| dtype | D | N | causal | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['dtype']} | {r['D']} | {r['N']} | {r['causal']} | "

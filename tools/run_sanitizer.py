@@ -7,8 +7,9 @@ its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma and, on Hopper,
 wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
 D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
-heads, dropout) on the tensor-core rungs, forward and backward; and the warp-specialised backward with its blocks
-in tile-major order (GQA, causal or a left bound alone). --head-dims keeps only the cases of those head
+heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
+walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
+left bound alone). --head-dims keeps only the cases of those head
 dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 """
 from __future__ import annotations
@@ -93,6 +94,24 @@ def inner(head_dims=None) -> int:
                 flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
                 n += 3
             n += 1
+    # wgmma_ws_fwd's persistent walk: two blocks walk every work item (the K/V ring, the mbarriers' phases and O's
+    # staging running on across items; with a right bound, pairs of rows blocks, the first ones seeing no key)
+    if hopper:
+        from flash_attention_cuda import runtime
+
+        sms = runtime.device_sms
+        runtime.device_sms = lambda x: 2
+        try:
+            for D in (64, 128, 256):
+                if head_dims and D not in head_dims:
+                    continue
+                q = torch.randn(2, 4, 300, D, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(2, 2, 170, D, device="cuda", dtype=torch.float16) for _ in range(2))
+                for kw in (dict(causal=True), dict(window_size=(40, 10), dropout_p=0.17, dropout_seed=5), dict()):
+                    flash_attn_cuda(q, k, v, kernel="wgmma-ws", **kw)
+                    n += 1
+        finally:
+            runtime.device_sms = sms
     # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
     # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left
     # bound alone, whose last tiles of keys start first)

@@ -201,17 +201,23 @@ struct ForwardBlock {
     int q0, kv0, n_tiles, nk;
     const unsigned short *k, *v;
 };
-// The block's head, rows and K/V tiles without the pointers (wgmma_ws.cu addresses K/V through tensor maps)
+// Work item m (0 .. n_m - 1, n_m = ceil(Nq / Br)) of query head bh: its rows and K/V tiles, without the pointers
+// (wgmma_ws.cu addresses K/V through tensor maps and walks these items itself, several per block)
 template <int Br, int Bc>
-__device__ __forceinline__ ForwardBlock forward_tiles(const fa::Mask& mask) {
+__device__ __forceinline__ ForwardBlock forward_item(const fa::Mask& mask, int m, int n_m, long long bh) {
     ForwardBlock b;
-    b.bh = blockIdx.y;
-    b.q0 = (mask.heavy_last() ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
+    b.bh = bh;
+    b.q0 = (mask.heavy_last() ? n_m - 1 - m : m) * Br;
     b.kv0 = mask.kv_tile_begin(b.q0, Bc) * Bc;
     b.n_tiles = mask.kv_tile_end(b.q0, b.q0 + Br, Bc) - b.kv0 / Bc;
     b.nk = mask.Nk - b.kv0;
     b.k = b.v = nullptr;
     return b;
+}
+// ... the block's own item: m = blockIdx.x, bh = blockIdx.y
+template <int Br, int Bc>
+__device__ __forceinline__ ForwardBlock forward_tiles(const fa::Mask& mask) {
+    return forward_item<Br, Bc>(mask, (int)blockIdx.x, (int)gridDim.x, blockIdx.y);
 }
 template <int Br, int Bc, int D>
 __device__ __forceinline__ ForwardBlock forward_block(const fa::Mask& mask, const unsigned short* K,

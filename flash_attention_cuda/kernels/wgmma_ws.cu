@@ -31,6 +31,15 @@
 // The tensor maps (runtime.tensor_map) describe q as (B Hq, Nq, D) and k, v as (B Hk, Nk, D) 16-bit tensors
 // with boxes of 64 columns: the copy engine zero-fills rows past Nq or Nk of a head (never the next head's),
 // and a K/V head is addressed by its index bh / group (grouped-query attention: no copy).
+//
+// The block is PERSISTENT: the grid has one block per SM (or fewer), and each block walks its share of the
+// work items (64 CWG query rows of one head; with causal, pairs of them that together see as many keys as any
+// other pair: the walk below). The producer runs ahead across items: it loads the next item's Q as soon as
+// every consumer has issued its last product with this one's Q (mbarrier q_empty), and its K/V tiles as the ring
+// frees slots, so the next item's loads overlap this item's last product and its epilogue instead of waiting
+// for a new block. The epilogue stages O in its own shared tile (OWN_O; at D = 256, where shared memory is
+// short, in Q's rows, and the next Q waits for it). The ring's slots and phases run on across items (g counts
+// the K/V tiles through it).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "masks.cuh"
@@ -38,18 +47,17 @@
 #include "tma.cuh"
 #include "wgmma_ops.cuh"
 
-template <int D, int Bc, int CWG, int STAGES, bool BF16, bool DROPOUT = false>
+template <int D, int Bc, int CWG, int STAGES, bool BF16, bool DROPOUT, bool OWN_O>
 __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     wgmma_ws_fwd(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, unsigned short* __restrict__ O, float* __restrict__ LSE,
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
-                 unsigned seed_lo, unsigned seed_hi) {
+                 unsigned seed_lo, unsigned seed_hi, int BH) {
     using namespace wgmma_ops;
     static_assert((D == 64 || D == 128 || D == 256) && (Bc == 64 || Bc == 128 || Bc == 192),
                   "D in {64, 128, 256}, Bc in {64, 128, 192}");
     static_assert((CWG == 2 || CWG == 3) && STAGES >= 2, "2 or 3 consumer warpgroups, at least 2 stages");
-    constexpr int Br = 64 * CWG;        // query rows per block
-    constexpr int NT = (CWG + 1) * 128;  // threads
+    constexpr int Br = 64 * CWG;        // query rows per work item
     constexpr int CT = CWG * 128;        // consumer threads
     // registers per thread after the split: 65536 / NT at entry, the producer keeps 24, the consumers share
     // the rest (a multiple of 8): 240 for 2 consumer warpgroups, 160 for 3
@@ -59,35 +67,52 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     const unsigned raw = smem_u32(smem_raw);
     const unsigned pad = (1024u - (raw & 1023u)) & 1023u;  // tiles start 1024-byte aligned (the swizzle)
     unsigned char* smem = smem_raw + pad;
-    const unsigned sQ = raw + pad;                // (Br, D)
-    const unsigned sK = sQ + Q_BYTES;             // STAGES x (Bc, D)
-    const unsigned sV = sK + STAGES * KV_BYTES;   // STAGES x (Bc, D)
-    const unsigned bars = sV + STAGES * KV_BYTES;  // the mbarriers, 8 bytes each:
+    const unsigned sQ = raw + pad;                 // (Br, D)
+    const unsigned sK = sQ + Q_BYTES;              // STAGES x (Bc, D)
+    const unsigned sV = sK + STAGES * KV_BYTES;    // STAGES x (Bc, D)
+    const unsigned o_off = OWN_O ? Q_BYTES + 2 * STAGES * KV_BYTES : 0;  // O's staging tile (Br, D): own, or Q's
+    unsigned char* sO = smem + o_off;
+    const unsigned bars = sQ + (OWN_O ? 2 : 1) * Q_BYTES + 2 * STAGES * KV_BYTES;  // the mbarriers, 8 bytes each:
     const unsigned q_full = bars;                  //   Q landed
-    auto k_full = [&](int j) { return bars + 8 * (1 + j % STAGES); };               // K_j landed in its slot
-    auto v_full = [&](int j) { return bars + 8 * (1 + STAGES + j % STAGES); };      // V_j landed
-    auto k_empty = [&](int j) { return bars + 8 * (1 + 2 * STAGES + j % STAGES); }; // K_j's slot read by all
-    auto v_empty = [&](int j) { return bars + 8 * (1 + 3 * STAGES + j % STAGES); }; // V_j's slot read by all
-    auto k_tile = [&](int j) { return sK + (j % STAGES) * KV_BYTES; };
-    auto v_tile = [&](int j) { return sV + (j % STAGES) * KV_BYTES; };
-    auto use = [&](int j) { return (unsigned)(j / STAGES); };  // how often tile j's slot was filled before
+    const unsigned q_empty = bars + 8;             //   Q read by every consumer warp (and O staged, if in Q)
+    // g: the running count of K/V tiles through the ring, over all the block's work items
+    auto k_full = [&](int g) { return bars + 8 * (2 + g % STAGES); };               // K_g landed in its slot
+    auto v_full = [&](int g) { return bars + 8 * (2 + STAGES + g % STAGES); };      // V_g landed
+    auto k_empty = [&](int g) { return bars + 8 * (2 + 2 * STAGES + g % STAGES); }; // K_g's slot read by all
+    auto v_empty = [&](int g) { return bars + 8 * (2 + 3 * STAGES + g % STAGES); }; // V_g's slot read by all
+    auto k_tile = [&](int g) { return sK + (g % STAGES) * KV_BYTES; };
+    auto v_tile = [&](int g) { return sV + (g % STAGES) * KV_BYTES; };
+    auto use = [&](int g) { return (unsigned)(g / STAGES); };  // how often tile g's slot was filled before
 
     const int tid = threadIdx.x, wg = tid / 128;
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
-    const frag::ForwardBlock blk = frag::forward_tiles<Br, Bc>(mask);  // head, query rows, K/V tiles
-    const int q0 = blk.q0, n_tiles = blk.n_tiles;
-    const long long bh = blk.bh;
-    unsigned short* o = O + bh * Nq * D;
+    // The block's walk: its k-th work item (k = 0, 1, ...). Without a right bound every item sees as many keys,
+    // and block b takes units b, b + G, b + 2G, ... (G = gridDim.x), a unit being one item: rows block u % n_m of
+    // query head u / n_m. With a right bound (causal) a later rows block sees more keys, so a unit is a PAIR of
+    // rows blocks, p and n_m - 1 - p of one head, whose keys add up to about the same for every pair: each block
+    // gets the same share of the work, and takes both items of its pair one after the other.
+    const int n_m = (Nq + Br - 1) / Br;
+    const bool paired = mask.heavy_last();
+    const int per_head = paired ? (n_m + 1) / 2 : n_m;
+    const int n_units = per_head * BH;  // < 2^31 (launch_specs)
+    auto unit_of = [&](int k) { return (int)blockIdx.x + (paired ? k >> 1 : k) * (int)gridDim.x; };
+    auto in_walk = [&](int k) { return unit_of(k) < n_units; };
+    auto item = [&](int k) {  // n_tiles = -1: no item (the middle rows block of an odd n_m, paired with itself)
+        const int u = unit_of(k), p = u % per_head, second = paired && (k & 1);
+        const int m = second ? n_m - 1 - p : p;
+        frag::ForwardBlock b = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head);
+        if (second && m == p) b.n_tiles = -1;
+        return b;
+    };
+    // the walk's next item from k on whose rows see a key (those that see none are written below, without the ring)
+    auto next_busy = [&](int k) {
+        while (in_walk(k) && item(k).n_tiles <= 0) ++k;
+        return k;
+    };
 
-    if (n_tiles == 0) {  // no row of the block sees a key: O = 0, lse = -inf
-        for (int e = tid; e < Br * D; e += NT)
-            if (q0 + e / D < Nq) o[(long long)q0 * D + e] = 0;
-        for (int r = tid; r < Br; r += NT)
-            if (q0 + r < Nq) LSE[bh * Nq + q0 + r] = FA_NEG_INF;
-        return;
-    }
     if (tid == 0) {
         tma::mbar_init(q_full, 1);
+        tma::mbar_init(q_empty, CT / 32);  // one arrive per consumer warp
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(k_full(s), 1);  // the producer's arrive_expect_tx, then the copy engine's bytes
             tma::mbar_init(v_full(s), 1);
@@ -103,17 +128,22 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
         tma::regs_dec<24>();
         if (tid == 0) {
             tma::prefetch_map(tmQ), tma::prefetch_map(tmK), tma::prefetch_map(tmV);
-            const int kv_head = (int)(bh / group);  // the K/V head this query head reads
-            tma::mbar_arrive_expect_tx(q_full, Q_BYTES);
-            tma::load_tile<Br, D>(sQ, tmQ, q0, (int)bh, q_full);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int row = blk.kv0 + j * Bc;
-                if (j >= STAGES) tma::mbar_wait(k_empty(j), (use(j) - 1) & 1);  // K_j-STAGES read by every warp
-                tma::mbar_arrive_expect_tx(k_full(j), KV_BYTES);
-                tma::load_tile<Bc, D>(k_tile(j), tmK, row, kv_head, k_full(j));
-                if (j >= STAGES) tma::mbar_wait(v_empty(j), (use(j) - 1) & 1);
-                tma::mbar_arrive_expect_tx(v_full(j), KV_BYTES);
-                tma::load_tile<Bc, D>(v_tile(j), tmV, row, kv_head, v_full(j));
+            int g = 0, qi = 0;  // K/V tiles and Q tiles loaded so far
+            for (int k = next_busy(0); in_walk(k); k = next_busy(k + 1), ++qi) {
+                const frag::ForwardBlock blk = item(k);
+                const int kv_head = (int)(blk.bh / group);  // the K/V head this query head reads
+                if (qi > 0) tma::mbar_wait(q_empty, (qi - 1) & 1);  // the last item's Q read by every warp
+                tma::mbar_arrive_expect_tx(q_full, Q_BYTES);
+                tma::load_tile<Br, D>(sQ, tmQ, blk.q0, (int)blk.bh, q_full);
+                for (int j = 0; j < blk.n_tiles; ++j, ++g) {
+                    const int row = blk.kv0 + j * Bc;
+                    if (g >= STAGES) tma::mbar_wait(k_empty(g), (use(g) - 1) & 1);  // K_g-STAGES read by every warp
+                    tma::mbar_arrive_expect_tx(k_full(g), KV_BYTES);
+                    tma::load_tile<Bc, D>(k_tile(g), tmK, row, kv_head, k_full(g));
+                    if (g >= STAGES) tma::mbar_wait(v_empty(g), (use(g) - 1) & 1);
+                    tma::mbar_arrive_expect_tx(v_full(g), KV_BYTES);
+                    tma::load_tile<Bc, D>(v_tile(g), tmV, row, kv_head, v_full(g));
+                }
             }
         }
     } else {
@@ -123,112 +153,140 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
         const int warp = tid / 32 - 4;                 // consumer warp
         const bool lane0 = tid % 32 == 0;              // frees slots for its warp
         const int my_turn = 1 + cwg, next_turn = 1 + (cwg + 1) % CWG;  // named barriers of the ping-pong
-        const int wrow = 64 * cwg + 16 * (warp % 4);  // the warp's first row in the block
-        const int row0 = q0 + wrow;                   // ... and in the head
+        const int wrow = 64 * cwg + 16 * (warp % 4);  // the warp's first row in the item
         const unsigned sQ_wg = sQ + 64 * cwg * 128;   // this warpgroup's 64 rows of each Q panel
         const frag::ScoreScale sc = frag::score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
-        const frag::RowKeys rk = frag::row_keys(mask, row0, blk.kv0);
-        const frag::Dropout dp = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // if DROPOUT
+        auto staged = [&](int r, int c) { return sO + sw128<Br>(wrow + r, c); };  // the warp's rows of O
+
+        // items whose rows see no key: O = 0, lse = -inf
+        for (int k = 0; in_walk(k); ++k) {
+            const frag::ForwardBlock blk = item(k);
+            if (blk.n_tiles != 0) continue;
+            for (int e = tid - 128; e < Br * D; e += CT)
+                if (blk.q0 + e / D < Nq) O[(blk.bh * Nq + blk.q0) * D + e] = 0;
+            for (int r = tid - 128; r < Br; r += CT)
+                if (blk.q0 + r < Nq) LSE[blk.bh * Nq + blk.q0 + r] = FA_NEG_INF;
+        }
 
         float acc[D / 2];         // O accumulator, 64 x D per warpgroup
         float s[Bc / 2];          // S_ij, then P_ij in fp32
         unsigned pf[Bc / 16][4];  // P_ij as fp16/bf16 A fragments
-        float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f}, alpha[2];
+        int g = 0, qi = 0;        // as the producer counts them
+        int k = next_busy(0);
+        if (in_walk(k) && cwg == CWG - 1) tma::named_arrive(1, 256);  // the first turn goes to warpgroup 0
+        for (; in_walk(k); ++qi) {
+            const frag::ForwardBlock blk = item(k);
+            const int n_tiles = blk.n_tiles;
+            const long long bh = blk.bh;
+            const int row0 = blk.q0 + wrow;              // the warp's first row in the head
+            const frag::RowKeys rk = frag::row_keys(mask, row0, blk.kv0);
+            const frag::Dropout dp = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // if DROPOUT
+            float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f}, alpha[2];
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+            for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < Bc / 2; ++i) s[i] = 0.0f;
+            for (int i = 0; i < Bc / 2; ++i) s[i] = 0.0f;
 
-        tma::mbar_wait(q_full, 0);
-        if (sc.q_sign != 0) {  // scale < 0: flip the sign of the warpgroup's own rows of Q (fragments.cuh)
-            for (int e = tid % 128; e < 64 * (D / 8); e += 128)
-                frag::apply_sign(*reinterpret_cast<uint4*>(smem + sw128<Br>(64 * cwg + e / (D / 8), e % (D / 8))),
-                                 sc.q_sign);
-            fence_proxy_async();                   // visible to the tensor cores ...
-            tma::named_sync(1 + CWG + cwg, 128);   // ... and done by the whole warpgroup
-        }
-        if (cwg == CWG - 1) tma::named_arrive(1, 256);  // the first turn goes to consumer warpgroup 0
+            tma::mbar_wait(q_full, qi & 1);
+            if (sc.q_sign != 0) {  // scale < 0: flip the sign of the warpgroup's own rows of Q (fragments.cuh)
+                for (int e = tid % 128; e < 64 * (D / 8); e += 128)
+                    frag::apply_sign(*reinterpret_cast<uint4*>(smem + sw128<Br>(64 * cwg + e / (D / 8), e % (D / 8))),
+                                     sc.q_sign);
+                fence_proxy_async();                   // visible to the tensor cores ...
+                tma::named_sync(1 + CWG + cwg, 128);   // ... and done by the whole warpgroup
+            }
 
-        // S_i0 and its softmax
-        tma::mbar_wait(k_full(0), 0);
-        tma::named_sync(my_turn, 256);
-        wgmma_fence();
-        issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(0));  // S_i0 = Qi K_0^T
-        tma::named_arrive(next_turn, 256);
-        wgmma_wait<0>();
-        pin(s);
-        if (lane0) tma::mbar_arrive(k_empty(0));
-        frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk, 0);
-        if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0);
-        frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
-
-        for (int j = 0; j + 1 < n_tiles; ++j) {
-            tma::mbar_wait(k_full(j + 1), use(j + 1) & 1);  // K_j+1 and V_j have landed
-            tma::mbar_wait(v_full(j), use(j) & 1);
-            tma::named_sync(my_turn, 256);  // the tensor cores are ours
-            pin(acc);       // acc (rescaled) and pf (packed) were written by ordinary instructions:
-            pin(pf);        // those writes come before ...
-            wgmma_fence();  // ... this fence, which orders them before the products below
-            issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(j + 1));  // S_i,j+1 = Qi K_j+1^T
-            issue_ab<D, Bc, BF16>(acc, pf, v_tile(j));            // acc += P_ij Vj
-            tma::named_arrive(next_turn, 256);                    // the next warpgroup's turn
-            wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
+            // S_i0 and its softmax
+            tma::mbar_wait(k_full(g), use(g) & 1);
+            tma::named_sync(my_turn, 256);
+            wgmma_fence();
+            issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(g));  // S_i0 = Qi K_0^T
+            tma::named_arrive(next_turn, 256);
+            wgmma_wait<0>();
             pin(s);
-            if (lane0) tma::mbar_arrive(k_empty(j + 1));
-            frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk,
-                                 (j + 1) * Bc);
-            if constexpr (DROPOUT)
-                frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0 + (j + 1) * Bc);
-            wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again, V_j's slot is free
+            if (lane0) tma::mbar_arrive(k_empty(g));
+            frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk, 0);
+            if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0);
+            frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
+
+            for (int j = 0; j + 1 < n_tiles; ++j, ++g) {  // K_g+1 = K_j+1, V_g = V_j
+                tma::mbar_wait(k_full(g + 1), use(g + 1) & 1);  // K_j+1 and V_j have landed
+                tma::mbar_wait(v_full(g), use(g) & 1);
+                tma::named_sync(my_turn, 256);  // the tensor cores are ours
+                pin(acc);       // acc (rescaled) and pf (packed) were written by ordinary instructions:
+                pin(pf);        // those writes come before ...
+                wgmma_fence();  // ... this fence, which orders them before the products below
+                issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(g + 1));  // S_i,j+1 = Qi K_j+1^T
+                issue_ab<D, Bc, BF16>(acc, pf, v_tile(g));            // acc += P_ij Vj
+                tma::named_arrive(next_turn, 256);                    // the next warpgroup's turn
+                wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
+                pin(s);
+                if (lane0) tma::mbar_arrive(k_empty(g + 1));
+                frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk,
+                                     (j + 1) * Bc);
+                if constexpr (DROPOUT)
+                    frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0 + (j + 1) * Bc);
+                wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again, V_j's slot is free
+                pin(acc);
+                pin(pf);
+                if (lane0) tma::mbar_arrive(v_empty(g));
+                frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);  // acc = exp2(m_i - m_new) * acc
+                frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
+            }
+            // every product that reads Q has finished: the producer may load the next item's Q
+            if (OWN_O && lane0) tma::mbar_arrive(q_empty);
+            // the last tile: acc += P_i,n-1 V_n-1
+            tma::mbar_wait(v_full(g), use(g) & 1);
+            tma::named_sync(my_turn, 256);
             pin(acc);
             pin(pf);
-            if (lane0) tma::mbar_arrive(v_empty(j));
-            frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);  // acc = exp2(m_i - m_new) * acc
-            frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
-        }
-        // the last tile: acc += P_i,n-1 V_n-1
-        tma::mbar_wait(v_full(n_tiles - 1), use(n_tiles - 1) & 1);
-        tma::named_sync(my_turn, 256);
-        pin(acc);
-        pin(pf);
-        wgmma_fence();
-        issue_ab<D, Bc, BF16>(acc, pf, v_tile(n_tiles - 1));
-        // every turn taken is passed on, except the last warpgroup's last one (the ring's first arrive was its)
-        if (cwg != CWG - 1) tma::named_arrive(next_turn, 256);
-        wgmma_wait<0>();
-        pin(acc);
+            wgmma_fence();
+            issue_ab<D, Bc, BF16>(acc, pf, v_tile(g));
+            // every turn taken is passed on, except the last warpgroup's very last one (the ring's first arrive
+            // was its own)
+            k = next_busy(k + 1);  // the block's next item
+            if (in_walk(k) || cwg != CWG - 1) tma::named_arrive(next_turn, 256);
+            wgmma_wait<0>();
+            pin(acc);
+            if (lane0) tma::mbar_arrive(v_empty(g));
+            ++g;
 
-        // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of Q
-        float inv_l[2];
-        frag::finish_rows(inv_l, l_i, m_i, LSE + bh * Nq, row0, Nq);
-        frag::stage_rows<D, BF16>(reinterpret_cast<float (&)[D / 8][4]>(acc), inv_l,
-                                  [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
-        __syncwarp();
-        frag::store_staged<16, D>(o, row0, Nq, [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
+            // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of sO
+            float inv_l[2];
+            frag::finish_rows(inv_l, l_i, m_i, LSE + bh * Nq, row0, Nq);
+            frag::stage_rows<D, BF16>(reinterpret_cast<float (&)[D / 8][4]>(acc), inv_l, staged);
+            __syncwarp();
+            frag::store_staged<16, D>(O + bh * Nq * D, row0, Nq, staged);
+            __syncwarp();  // the warp's lanes have read its rows back before any lane stages the next item's
+            if (!OWN_O && lane0) {  // O was staged in Q's rows: now the producer may load the next Q over them
+                fence_proxy_async();
+                tma::mbar_arrive(q_empty);
+            }
+        }
     }
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the compile test) builds these; at run time NVRTC instantiates them through name_expressions.
+// OWN_O as launch_specs.wgmma_ws_fwd decides it: whether O's staging tile fits beside Q and the K/V ring.
 #define FA_WGMMA_WS_PARAMS                                                                                    \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap,                                \
      const __grid_constant__ tma::TmaMap, unsigned short*, float*, int, int, float, int, int, int, float, unsigned, \
-     unsigned);
-#define FA_WGMMA_WS_INST(D, Bc, CWG, ST, BF) template __global__ void wgmma_ws_fwd<D, Bc, CWG, ST, BF> FA_WGMMA_WS_PARAMS
-#define FA_WGMMA_WS_DROPOUT_INST(D, Bc, CWG, ST, BF) \
-    template __global__ void wgmma_ws_fwd<D, Bc, CWG, ST, BF, true> FA_WGMMA_WS_PARAMS
-FA_WGMMA_WS_INST(64, 128, 3, 2, false)
-FA_WGMMA_WS_INST(64, 128, 3, 2, true)
-FA_WGMMA_WS_INST(128, 128, 2, 2, false)
-FA_WGMMA_WS_INST(128, 128, 2, 2, true)
-FA_WGMMA_WS_INST(64, 128, 2, 2, false)
-FA_WGMMA_WS_INST(128, 192, 2, 2, false)
-FA_WGMMA_WS_INST(256, 64, 2, 2, false)
-FA_WGMMA_WS_INST(256, 64, 2, 2, true)
-FA_WGMMA_WS_DROPOUT_INST(64, 128, 2, 2, false)
-FA_WGMMA_WS_DROPOUT_INST(64, 128, 2, 2, true)
-FA_WGMMA_WS_DROPOUT_INST(128, 128, 2, 2, false)
-FA_WGMMA_WS_DROPOUT_INST(128, 128, 2, 2, true)
-FA_WGMMA_WS_DROPOUT_INST(256, 64, 2, 2, false)
-FA_WGMMA_WS_DROPOUT_INST(256, 64, 2, 2, true)
+     unsigned, int);
+#define FA_WGMMA_WS_INST(D, Bc, CWG, ST, BF, DROP, OWN) \
+    template __global__ void wgmma_ws_fwd<D, Bc, CWG, ST, BF, DROP, OWN> FA_WGMMA_WS_PARAMS
+FA_WGMMA_WS_INST(64, 128, 3, 2, false, false, true)
+FA_WGMMA_WS_INST(64, 128, 3, 2, true, false, true)
+FA_WGMMA_WS_INST(128, 128, 2, 2, false, false, true)
+FA_WGMMA_WS_INST(128, 128, 2, 2, true, false, true)
+FA_WGMMA_WS_INST(64, 128, 2, 2, false, false, true)
+FA_WGMMA_WS_INST(128, 192, 2, 2, false, false, false)
+FA_WGMMA_WS_INST(256, 64, 2, 2, false, false, false)
+FA_WGMMA_WS_INST(256, 64, 2, 2, true, false, false)
+FA_WGMMA_WS_INST(64, 128, 2, 2, false, true, true)
+FA_WGMMA_WS_INST(64, 128, 2, 2, true, true, true)
+FA_WGMMA_WS_INST(128, 128, 2, 2, false, true, true)
+FA_WGMMA_WS_INST(128, 128, 2, 2, true, true, true)
+FA_WGMMA_WS_INST(256, 64, 2, 2, false, true, false)
+FA_WGMMA_WS_INST(256, 64, 2, 2, true, true, false)
 #endif
