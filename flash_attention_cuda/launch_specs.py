@@ -50,7 +50,7 @@ from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_COR
                            auto_backward)
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
-           "wgmma_ws_fwd", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
+           "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
@@ -268,6 +268,12 @@ def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 
 # the most dynamic shared memory one block may ask for on sm_90 (227 KiB)
 SM90_SMEM = 227 * 1024
+# wgmma-ws's persistent grid (one block per SM walking the work units) pays where each SM has few units: the next
+# unit's loads hide under this one's last product and epilogue (N = 1024: 6-15 % faster, N = 4096: 0-3 %). With
+# many, a block per unit does as well or better: the hardware hands the units out in order, so the blocks that
+# run together read the same few K/V heads from L2 (N = 16384, causal: 1-4 % faster). Measured with
+# tools/cuda_forward_kernels.py on an H100 (docs/results/cuda/forward_kernels.md).
+WGMMA_WS_PERSISTENT_UNITS_PER_SM = 24
 
 
 @_cached
@@ -276,7 +282,8 @@ def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int]
     with dropout); Br = 64 * consumer warpgroups query rows per work item, one more warpgroup for the copies
     (sm_90a only). q, k, v reach the kernel as tensor maps. The kernel is persistent: ctas blocks (the GPU's SM
     count, runtime.device_sms) walk the work units, ceil(Nq / Br) * B * H items of Br query rows, or with a right
-    bound (causal) half as many pairs of them; ctas None: one block per unit."""
+    bound (causal) half as many pairs of them, where there are at most WGMMA_WS_PERSISTENT_UNITS_PER_SM units per
+    block; with more, or ctas None, one block per unit."""
     Bc, cwg, stages = config or (WGMMA_WS_DROPOUT_CONFIGS if p.dropout else WGMMA_WS_CONFIGS)[p.D]
     Br = 64 * cwg
     # wgmma_ws.cu, wgmma_ws_fwd's `extern __shared__ ... smem_raw` carve-up: sQ (Br, D), sK and sV STAGES x (Bc, D)
@@ -289,7 +296,8 @@ def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int]
     n_m = _cdiv(p.Nq, Br)  # rows blocks per head; wgmma_ws.cu pairs them where the mask has a right bound
     units = (_cdiv(n_m, 2) if masks.heavy_last(p.window) else n_m) * p.B * p.H
     name = f"wgmma_ws_fwd<{p.D}, {Bc}, {cwg}, {stages}, {_bf16(p)}, {_flag(p.dropout)}, {_flag(own_o)}>"
-    return LaunchSpec("wgmma_ws.cu", name, (min(units, ctas) if ctas else units,), (128 * (cwg + 1),), smem,
+    persistent = ctas and units <= WGMMA_WS_PERSISTENT_UNITS_PER_SM * ctas
+    return LaunchSpec("wgmma_ws.cu", name, (min(units, ctas) if persistent else units,), (128 * (cwg + 1),), smem,
                       ("O", "LSE"), _tc_args(p) + (("BH", np.int32(p.B * p.H)),),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc)))
 

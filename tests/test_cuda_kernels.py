@@ -250,6 +250,10 @@ def test_launch_specs_grid_block_smem():
     assert launch_specs.wgmma_ws_fwd(h, ctas=4).grid == (4,) and launch_specs.wgmma_ws_fwd(h, ctas=132).grid == (12,)
     for window, units in (((-1, -1), 18), ((40, -1), 18), ((-1, 3), 12), ((40, 0), 12)):
         assert launch_specs.wgmma_ws_fwd(h._replace(window=window), ctas=132).grid == (units,), window
+    # persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per block; beyond, a block per unit (6 B units here)
+    per_sm = launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm), ctas=6).grid == (6,)
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm + 1), ctas=6).grid == (6 * (per_sm + 1),)
     assert launch_specs.wgmma_ws_fwd(h._replace(D=64), config=(128, 3, 2)).block == (512,)
     # D = 256: O's tile does not fit beside Q (64 KiB) and the ring (128 KiB); it is staged in Q's rows
     big = launch_specs.wgmma_ws_fwd(h._replace(D=256))

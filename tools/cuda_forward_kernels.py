@@ -70,22 +70,27 @@ def main(argv=None) -> int:
         ms = {"wgmma": timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
         diff = {}
         library = launch_specs.WGMMA_WS_CONFIGS[D]
-        configs = [(cfg, True) for cfg in (CANDIDATES.get(D, []) if args.configs == "all" else [library])]
-        for cfg, persistent in configs + [(library, False)]:
-            # persistent: one block per SM walks the work units (the library's grid); else one block per unit (an
-            # item of Br query rows, or with causal a pair of them)
-            name = "wgmma-ws " + "x".join(map(str, cfg)) + ("" if persistent else " a block per unit")
-            sms = runtime.device_sms
+        configs = [(cfg, "library") for cfg in (CANDIDATES.get(D, []) if args.configs == "all" else [library])]
+        for cfg, grid in configs + [(library, "persistent"), (library, "a block per unit")]:
+            # library: the grid launch_specs picks (persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per SM);
+            # persistent: one block per SM walks the work units, however many; a block per unit (an item of Br
+            # query rows, or with causal a pair of them)
+            name = "wgmma-ws " + "x".join(map(str, cfg)) + ("" if grid == "library" else " " + grid)
+            sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
             try:
-                if not persistent:
-                    runtime.device_sms = lambda x: 1 << 30  # a grid of min(units, 2^30) blocks: one per unit
+                if grid == "persistent":
+                    launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = 1 << 30
+                elif grid == "a block per unit":
+                    runtime.device_sms = lambda x: 1 << 30  # min(units, 2^30) blocks: one per unit
+                launch_specs.clear_caches()
                 o, _ = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg)
                 diff[name] = (o.float() - o_ref.float()).abs().max().item()
                 ms[name] = timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", cfg))
             except Exception as exc:  # a config the GPU cannot hold: recorded, not fatal
                 diff[name] = f"{type(exc).__name__}: {exc}"[:300]
             finally:
-                runtime.device_sms = sms
+                runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = sms, per_sm
+                launch_specs.clear_caches()
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             with sdpa_kernel(backend):
                 ms[name] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
@@ -103,7 +108,10 @@ def main(argv=None) -> int:
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
     md = [f"# Hopper forward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
           "", f"`{doc['command']}`; {doc['unit']}. wgmma-ws BcxCxS: Bc keys per tile, C consumer warpgroups, "
-          "S K/V stages; persistent (one block per SM walks the work units: items of Br query rows, pairs of them with causal) unless marked \"a block per unit\".", "",
+          "S K/V stages; unmarked: the grid the library picks (persistent up to "
+          f"{launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM} work units per SM, else a block per unit); \"persistent\": one "
+          "block per SM walks the work units (items of Br query rows, pairs of them with causal); \"a block per unit\": "
+          "a block per unit.", "",
           "| dtype | D | N | causal | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['dtype']} | {r['D']} | {r['N']} | {r['causal']} | "

@@ -97,10 +97,11 @@ def inner(head_dims=None) -> int:
     # wgmma_ws_fwd's persistent walk: two blocks walk every work item (the K/V ring, the mbarriers' phases and O's
     # staging running on across items; with a right bound, pairs of rows blocks, the first ones seeing no key)
     if hopper:
-        from flash_attention_cuda import runtime
+        from flash_attention_cuda import launch_specs, runtime
 
-        sms = runtime.device_sms
-        runtime.device_sms = lambda x: 2
+        sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
+        runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = (lambda x: 2), 1 << 30
+        launch_specs.clear_caches()
         try:
             for D in (64, 128, 256):
                 if head_dims and D not in head_dims:
@@ -111,7 +112,8 @@ def inner(head_dims=None) -> int:
                     flash_attn_cuda(q, k, v, kernel="wgmma-ws", **kw)
                     n += 1
         finally:
-            runtime.device_sms = sms
+            runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = sms, per_sm
+            launch_specs.clear_caches()
     # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
     # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left
     # bound alone, whose last tiles of keys start first)
