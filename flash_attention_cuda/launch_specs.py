@@ -269,10 +269,11 @@ def wgmma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 # the most dynamic shared memory one block may ask for on sm_90 (227 KiB)
 SM90_SMEM = 227 * 1024
 # wgmma-ws's persistent grid (one block per SM walking the work units) pays where each SM has few units: the next
-# unit's loads hide under this one's last product and epilogue (N = 1024: 6-15 % faster, N = 4096: 0-3 %). With
-# many, a block per unit does as well or better: the hardware hands the units out in order, so the blocks that
-# run together read the same few K/V heads from L2 (N = 16384, causal: 1-4 % faster). Measured with
-# tools/cuda_forward_kernels.py on an H100 (docs/results/cuda/forward_kernels.md).
+# unit's loads hide under this one's last product and epilogue (N = 1024: 3-12 % faster than a block per unit,
+# N = 4096: 0-3 %). With many (N = 16384: 24-85 units per SM) the two were within the spread of repeated timings,
+# either way round, and a static walk cannot even out blocks that run at different speeds: a block per unit
+# there, as before. Measured with tools/cuda_forward_kernels.py on H100s
+# (docs/results/cuda/forward_persistent/forward_kernels.md).
 WGMMA_WS_PERSISTENT_UNITS_PER_SM = 24
 
 

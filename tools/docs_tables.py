@@ -491,6 +491,22 @@ def t_forward_kernels(R, lang):
     return table(header, out, right=set(range(4, 10)))
 
 
+def t_forward_persistent(R, lang):
+    """wgmma-ws's grids side by side (docs/results/cuda/forward_persistent/forward_kernels.json): the library's
+    (persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per SM), always persistent and a block per unit,
+    with cuDNN, and persistent over a block per unit."""
+    out = []
+    for r in R.json("cuda/forward_persistent/forward_kernels.json")["rows"]:
+        t, ws = r["tflops"], _ws_name(r["D"])
+        pers, unit = t[ws + " persistent"], t[ws + " a block per unit"]
+        out.append([SHORT_DTYPE[r["dtype"]], r["D"], r["N"], H(lang, "yes", "是") if r["causal"] else H(lang, "no", "否"),
+                    f0(t["sdpa-cudnn"]), f0(t[ws]), f0(pers), f0(unit), f"{pers / unit:.2f}×"])
+    header = [H(lang, "dtype", "数据类型"), "D", "N", H(lang, "causal", "因果"), "cuDNN",
+              H(lang, "library grid", "库的网格"), H(lang, "persistent", "持久"), H(lang, "a block per unit", "每单元一个块"),
+              H(lang, "persistent / a block per unit", "持久 / 每单元一个块")]
+    return table(header, out, right=set(range(4, 9)))
+
+
 def _ws_name(D):
     """The forward_kernels.json column of wgmma-ws in the library's config for head dim D."""
     from flash_attention_cuda.launch_specs import WGMMA_WS_CONFIGS
@@ -625,6 +641,7 @@ TABLES = {
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
     "forward-kernels": t_forward_kernels,
+    "forward-persistent": t_forward_persistent,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
