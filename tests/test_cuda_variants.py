@@ -301,7 +301,13 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
     monkeypatch.setattr(runtime, "device_sms", lambda x: ctas)
     monkeypatch.setattr(launch_specs, "WGMMA_WS_PERSISTENT_UNITS_PER_SM", 1 << 30)  # persistent however many units
     launch_specs.clear_caches()
-    request_cleanup = launch_specs.clear_caches
+    try:
+        _persistent_walk_cases(kernel, D)
+    finally:
+        launch_specs.clear_caches()  # the specs cached with the patched grid
+
+
+def _persistent_walk_cases(kernel, D):
     cases = [(520, 300, 4, 2, dict(causal=True), 0.125),  # 5 (Br 128) or 3 (Br 192) rows blocks: a block alone
              (333, 517, 6, 3, dict(window_size=(70, 20), dropout_p=0.17, dropout_seed=2**40 + 3), 0.1),
              (260, 260, 2, 2, dict(), -0.07)]
@@ -315,7 +321,6 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
         _check(f"lse {Nq}x{Nk}", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
         if kw.get("causal"):
             assert (o[:, :, :Nq - Nk] == 0).all() and torch.isneginf(lse[:, :, :Nq - Nk]).all()
-    request_cleanup()  # the specs cached with the patched grid
 
 
 # ------------------------------------------------------------------ fa::Mask on the host (CPU): the window logic
