@@ -682,6 +682,32 @@ def test_kernel_breakdown_sums_each_kernel_per_call():
             kb.main(["--out", "/tmp/unused"])
 
 
+def test_sass_summary_reads_both_disassemblers():
+    """tools/sass_summary.py splits cuobjdump's and nvdisasm's listings into kernels alike, counts opcodes without
+    their modifiers or predicates, and pairs each kernel with nvcc's registers and spills; an nvdisasm that is not
+    there is reported, not replaced."""
+    from tools import sass_summary as ss
+
+    body = ("        /*0000*/                   LDC R1, c[0x0][0x28] ;\n"
+            "        /*0010*/              @!P0 HGMMA.64x128x16.F32 R24, gdesc[UR16], RZ, !UPT ;\n"
+            "        /*0020*/               @PT HGMMA.64x128x16.F32 R24, gdesc[UR16], R24, gsb0 ;\n"
+            "        /*0030*/                   ATOMG.E.ADD.STRONG.GPU PT, R2, desc[UR32][R2.64], R5 ;\n")
+    cuobjdump = f"\n\tcode for sm_90a\n\t\tFunction : _Z1ai\n{body}\t\tFunction : _Z1bi\n{body[:60]}\n"
+    nvdisasm = (f"//--------------------- .text._Z1ai --------------------------\n{body}"
+                f"//--------------------- .text._Z1bi --------------------------\n{body[:60]}\n")
+    for listing in (cuobjdump, nvdisasm):
+        kernels = ss.split_functions(listing)
+        assert [name for name, _ in kernels] == ["_Z1ai", "_Z1bi"]
+        assert ss.count_ops(kernels[0][1]) == {"LDC": 1, "HGMMA": 2, "ATOMG": 1}
+        assert ss.count_ops(kernels[1][1]) == {"LDC": 1}
+    ptxas = ("ptxas info    : Compiling entry function '_Z1ai' for 'sm_90a'\n"
+             "ptxas info    : Function properties for _Z1ai\n"
+             "    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads\n"
+             "ptxas info    : Used 168 registers, used 16 barriers, 8 bytes cumulative stack size\n")
+    assert ss.resource_usage(ptxas) == {"_Z1ai": "168 registers, 12 bytes spill stores, 16 bytes spill loads"}
+    assert ss.disassembler("/no/such/nvdisasm") is None  # a path that is not there: none, not a silent fallback
+
+
 def test_ws_block_order_rewrites_the_kernels_choice():
     """tools/ws_block_order.py forces either order by rewriting the one line of wgmma_backward.cu that chooses it
     (so a change to that line fails here, not on the GPU); its table; no GPU: a clear exit."""

@@ -1,45 +1,110 @@
-"""Count the instructions that matter in each kernel's SASS (needs nvcc and cuobjdump).
+"""Count the instructions that matter in each kernel's SASS (needs nvcc, and cuobjdump or nvdisasm; no GPU).
 
-    python3 tools/sass_summary.py [--arch sm_90] [--source mma.cu]
+    python3 tools/sass_summary.py [--arch sm_90] [--source mma.cu] [--nvdisasm PATH]
 
-Builds the .cu with ``nvcc -cubin --resource-usage`` and prints, per kernel, its registers/spills and
-how many HGMMA (wgmma), WARPGROUP (wgmma fence/wait), HMMA (tensor-core mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), MUFU (exp2/log2/rcp), BAR,
-SHFL, LDL/STL (local memory: spills) instructions it contains.
+Builds the .cu with ``nvcc -cubin --resource-usage`` and prints, per kernel, its registers/spills and how many
+HGMMA (wgmma), WARPGROUP (wgmma fence/wait), HMMA (tensor-core mma.sync), LDSM (ldmatrix), LDGSTS (cp.async),
+UTMALDG (TMA loads), SYNCS (mbarriers), ATOMG (global atomics), MUFU (exp2/log2/rcp), BAR, SHFL, LDL/STL (local
+memory: spills) instructions it contains. The Hopper sources (wgmma*.cu) build for sm_90a.
+
+The SASS comes from ``cuobjdump -sass`` (the CUDA toolkit) or, where that is missing, ``nvdisasm -c``: a machine
+with nvcc alone gets nvdisasm from PyPI without installing anything,
+
+    pip download --no-deps nvidia-cuda-nvdisasm -d /tmp/nvd && unzip -o -q /tmp/nvd/*.whl -d /tmp/nvd
+    python3 tools/sass_summary.py --source wgmma_ws.cu --nvdisasm "$(find /tmp/nvd -name nvdisasm -type f)"
+
+``--dump DIR`` also writes each kernel's SASS to DIR, one file per kernel, to read the instructions in order.
 """
 import argparse
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flash_attention_cuda", "kernels")
-OPS = ["HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "LDS", "STS", "LDG", "STG", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP",
-       "SHFL", "BAR", "LDL", "STL"]
+OPS = ["HGMMA", "WARPGROUP", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "SYNCS", "ATOMG", "LDS", "STS", "LDG", "STG", "MUFU",
+       "FFMA", "FMUL", "FADD", "FMNMX", "F2FP", "SHFL", "BAR", "LDL", "STL"]
+# one instruction: its address in a comment, an optional predicate (@P0, @!UP1, @PT), the opcode
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9]*)")
+# where a kernel's code starts: cuobjdump's "Function : NAME", nvdisasm's "//----- .text.NAME -----" banner
+_FUNCTION = re.compile(r"^\s*Function : (\S+)|^//-+ \.text\.(\S+) -+$", re.M)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--source", action="append")
-    args = ap.parse_args()
+def split_functions(sass: str) -> list:
+    """cuobjdump or nvdisasm output -> [(kernel name, its SASS text), ...], in the order they appear."""
+    marks = list(_FUNCTION.finditer(sass))
+    return [(m.group(1) or m.group(2), sass[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(sass)])
+            for i, m in enumerate(marks)]
+
+
+def resource_usage(ptxas: str) -> dict:
+    """nvcc --resource-usage output -> {kernel name: "R registers, S bytes spill stores, L bytes spill loads"}."""
+    out, name = {}, None
+    for line in ptxas.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name:
+            out[name] = f"{m.group(1)} bytes spill stores, {m.group(2)} bytes spill loads"
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name] = f"{m.group(1)} registers, " + out.get(name, "")
+            name = None
+    return out
+
+
+def count_ops(text: str) -> collections.Counter:
+    """Opcode (without modifiers: HGMMA.64x128x16.F32 -> HGMMA) -> how often it occurs in ``text``."""
+    return collections.Counter(_INSTRUCTION.findall(text))
+
+
+def disassembler(nvdisasm=None):
+    """(command, name) that prints a cubin's SASS: cuobjdump -sass, else nvdisasm -c (``nvdisasm`` or $NVDISASM or
+    the PATH's); None where neither is there."""
+    if shutil.which("cuobjdump") and not nvdisasm:
+        return ["cuobjdump", "-sass"], "cuobjdump"
+    path = nvdisasm or os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+    return ([path, "-c"], "nvdisasm") if path and os.path.exists(path) else None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90", help="for the sources other than wgmma*.cu (those: sm_90a)")
+    ap.add_argument("--source", action="append", help="a .cu in flash_attention_cuda/kernels (repeatable)")
+    ap.add_argument("--nvdisasm", help="nvdisasm to use instead of cuobjdump")
+    ap.add_argument("--dump", help="write each kernel's SASS into this folder")
+    args = ap.parse_args(argv)
+    dis = disassembler(args.nvdisasm)
+    if dis is None:
+        ap.error("neither cuobjdump nor nvdisasm found: pass --nvdisasm PATH (see this tool's docstring)")
+    if shutil.which("nvcc") is None:
+        ap.error("nvcc not found")
     for source in args.source or ["mma.cu", "tiled.cu"]:
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
-            arch = "sm_90a" if source == "wgmma.cu" else args.arch  # Hopper-only instructions
+            arch = "sm_90a" if source.startswith("wgmma") else args.arch  # Hopper-only instructions
             target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
-            res = subprocess.run(["nvcc", "-cubin", *target, "-std=c++17", "--resource-usage", "-o", cubin,
+            res = subprocess.run(["nvcc", "-cubin", *target, "-std=c++17", "-O3", "--resource-usage", "-o", cubin,
                                   os.path.join(KERNEL_DIR, source)], capture_output=True, text=True)
-            print(f"== {source} ({arch})")
-            for line in (res.stdout + res.stderr).splitlines():
-                if "registers" in line or "spill" in line or "error" in line:
-                    print("  " + line.strip())
-            sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
-        for chunk in re.split(r"\n\s+Function : ", sass)[1:]:
-            name = chunk.split("\n")[0].strip()
-            ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9]*)", chunk))
-            print(f"  {name}: " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k]) + f"; total {sum(ops.values())}")
+            print(f"== {source} ({arch}; SASS by {dis[1]})")
+            if res.returncode != 0:
+                print("\n".join("  " + line for line in (res.stdout + res.stderr).splitlines() if "error" in line))
+                continue
+            usage = resource_usage(res.stdout + res.stderr)
+            sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
+        for name, text in split_functions(sass):
+            ops = count_ops(text)
+            print(f"  {name}: {usage.get(name, '?')}\n    " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k])
+                  + f"; total {sum(ops.values())}")
+            if args.dump:
+                os.makedirs(args.dump, exist_ok=True)
+                with open(os.path.join(args.dump, f"{name}.sass"), "w") as f:
+                    f.write(text)
     return 0
 
 
