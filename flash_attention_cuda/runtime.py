@@ -170,7 +170,7 @@ def device_sms(x) -> int:
 
 # ------------------------------------------------------------------------------------ streams and launches
 _STREAMS: dict = {}  # (torch stream pointer, device) -> cupy.cuda.ExternalStream
-_SMEM_SET: set = set()  # kernels whose dynamic shared-memory limit was raised already
+_SMEM_SET: dict = {}  # id(kernel) -> the dynamic shared-memory limit it was raised to
 
 
 def _raw_stream(device_id: int) -> int:
@@ -222,13 +222,13 @@ def launch(stream: Stream, spec, arrays: dict, as_arg=None) -> None:
     arrays: buffer name -> array (or a raw device address, an int: as_arg must then be ``ptr``), for the names in
     ``spec.buffers``; as_arg turns each into a kernel argument
     (default ``ptr``: a raw device address). Opts the kernel into more than 48 KiB of dynamic shared memory
-    the first time it needs it.
+    when a launch needs more than it was given before.
     """
     kern = get_kernel(spec.source, spec.name, stream.device_id)
-    if spec.smem > 48 * 1024 and id(kern) not in _SMEM_SET:
+    if spec.smem > _SMEM_SET.get(id(kern), 48 * 1024):  # (wgmma-ws's shared memory grows with its walk)
         if kern.max_dynamic_shared_size_bytes < spec.smem:
             kern.max_dynamic_shared_size_bytes = spec.smem
-        _SMEM_SET.add(id(kern))
+        _SMEM_SET[id(kern)] = spec.smem
     if DRIVER_LAUNCH and stream.handle is not None and as_arg in (None, ptr) and _driver_launch(kern, stream.handle,
                                                                                                   spec, arrays):
         return

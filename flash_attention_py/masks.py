@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FULL", "CAUSAL", "window_for", "heavy_last", "offset", "visible", "visible_pairs", "kv_range", "q_range",
+__all__ = ["FULL", "CAUSAL", "window_for", "offset", "visible", "visible_pairs", "kv_range", "q_range",
            "block_kind", "blocks", "dropout_keep", "flex_mask_mod", "MASK_DIAGRAM", "VARIANTS_DOC", "with_mask_diagram"]
 
 FULL = (-1, -1)
@@ -91,12 +91,6 @@ def window_for(causal: bool, window=FULL) -> tuple:
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return (int(left), int(right))
-
-
-def heavy_last(window) -> bool:
-    """With a right bound (causal) a later query block sees at least as many keys as an earlier one: the kernels
-    start their query blocks last-first, and a persistent kernel pairs them (``fa::Mask::heavy_last`` in CUDA)."""
-    return window[1] >= 0
 
 
 def offset(Nq: int, Nk: int) -> int:

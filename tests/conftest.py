@@ -51,7 +51,7 @@ def recorded_launches(monkeypatch):
     monkeypatch.setattr(runtime, "as_cupy", runtime.ptr)  # CPU tensors: addresses instead of CuPy views
     monkeypatch.setattr(runtime, "device_cc", lambda x: (9, 0))
     monkeypatch.setattr(runtime, "device_sms", lambda x: 132)  # an H100's SMs: wgmma_ws_fwd's persistent grid
-    monkeypatch.setattr(runtime, "_SMEM_SET", set())
+    monkeypatch.setattr(runtime, "_SMEM_SET", {})
     # tensor maps (wgmma_ws.cu) without a driver: (address, dims, byte strides, box), uncached
     monkeypatch.setattr(runtime, "encode_tensor_map", lambda address, dims, strides, box: (address, dims, strides, box))
     monkeypatch.setattr(runtime, "_MAPS", {})

@@ -240,24 +240,45 @@ def test_launch_specs_grid_block_smem():
     assert launch_specs.mma_fwd(h, config=(64, 4, 2)).name == "mma_fwd<128, 64, 4, 2, false>"
     # wgmma-ws (128, 2, 2): 2 consumer warpgroups (Br = 128) and a producer; Q + 2 stages of K and V, O's own
     # staging tile, the mbarriers and 1024 B of alignment; q, k, v as tensor maps read in boxes of Br or Bc rows;
-    # one block per work unit, or a persistent grid of ctas blocks that walk them; a unit is one rows block
-    # (3 per head x 6 heads), or with causal a pair of them (the middle one alone: 2 x 6)
+    # one block per work item (3 rows blocks per head x 6 heads), or a persistent grid of ctas blocks that walk
+    # them; each block's walk in shared memory (walk_len + 1 entries of 16 bytes). With a right bound (causal) a
+    # persistent grid walks pairs of rows blocks (2 per head, heads_per_section 0) where every block gets as many,
+    # else the items longest first in sections of heads (all 6 fit in one here)
     ws = launch_specs.wgmma_ws_fwd(h)
-    assert (ws.name, ws.grid, ws.block, ws.smem) == ("wgmma_ws_fwd<128, 128, 2, 2, false, false, true>", (12,), (384,),
-                                                     (2 * 128 + 4 * 128) * 128 * 2 + 8 * 10 + 1024)
+    assert (ws.name, ws.grid, ws.block, ws.smem) == ("wgmma_ws_fwd<128, 128, 2, 2, false, false, true>", (18,), (384,),
+                                                     (2 * 128 + 4 * 128) * 128 * 2 + 8 * 10 + 16 * 2 + 1024)
     assert ws.maps == (("tmQ", "Q", 128), ("tmK", "K", 128), ("tmV", "V", 128)) and ws.buffers == ("O", "LSE")
-    assert ws.scalars[-1] == ("BH", 6)
-    assert launch_specs.wgmma_ws_fwd(h, ctas=4).grid == (4,) and launch_specs.wgmma_ws_fwd(h, ctas=132).grid == (12,)
+    assert ws.scalars[-3:] == (("BH", 6), ("heads_per_section", 6), ("walk_len", 1))
+    walks = {ctas: launch_specs.wgmma_ws_fwd(h, ctas=ctas) for ctas in (4, 5, 132)}
+    # 12 pairs on 4 blocks: 3 each (6 items); on 5: 2.4 (balance 0.8 < 0.9), so 18 items longest first, 4 at most
+    assert walks[4].grid == (4,) and walks[4].scalars[-2:] == (("heads_per_section", 0), ("walk_len", 6))
+    assert walks[4].smem == ws.smem + 16 * 5
+    assert walks[5].grid == (5,) and walks[5].scalars[-2:] == (("heads_per_section", 6), ("walk_len", 4))
+    assert walks[132].grid == (12,) and walks[132].scalars[-2:] == (("heads_per_section", 0), ("walk_len", 2))
     for window, units in (((-1, -1), 18), ((40, -1), 18), ((-1, 3), 12), ((40, 0), 12)):
         assert launch_specs.wgmma_ws_fwd(h._replace(window=window), ctas=132).grid == (units,), window
-    # persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per block; beyond, a block per unit (6 B units here)
-    per_sm = launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
-    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm), ctas=6).grid == (6,)
-    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm + 1), ctas=6).grid == (6 * (per_sm + 1),)
+    sections, max_walk = launch_specs.WGMMA_WS_SECTION_BYTES, launch_specs.WGMMA_WS_MAX_WALK
+    try:
+        launch_specs.WGMMA_WS_SECTION_BYTES = 2 * 4 * 130 * 128  # K and V of 2 heads: sections of 2
+        launch_specs.WGMMA_WS_MAX_WALK = 4  # a walk of at most 4 items: 12 pairs take 6 blocks, not 1
+        launch_specs.clear_caches()
+        assert launch_specs.wgmma_ws_fwd(h, ctas=5).scalars[-2:] == (("heads_per_section", 2), ("walk_len", 4))
+        one = launch_specs.wgmma_ws_fwd(h, ctas=1)
+        assert one.grid == (6,) and one.scalars[-2:] == (("heads_per_section", 0), ("walk_len", 4))
+    finally:
+        launch_specs.WGMMA_WS_SECTION_BYTES, launch_specs.WGMMA_WS_MAX_WALK = sections, max_walk
+        launch_specs.clear_caches()
+    # persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per block; beyond, a block per item (9 B items
+    # here; with causal, 6 B pairs where they balance)
+    per_sm, full = launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM, (-1, -1)
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm, window=full), ctas=9).grid == (9,)
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm + 1, window=full), ctas=9).grid == (9 * (per_sm + 1),)
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=per_sm + 1), ctas=9).grid == (9,)  # 150 pairs: 16.7 a block
+    assert launch_specs.wgmma_ws_fwd(h._replace(B=2 * per_sm), ctas=3).grid == (9 * 2 * per_sm,)
     assert launch_specs.wgmma_ws_fwd(h._replace(D=64), config=(128, 3, 2)).block == (512,)
     # D = 256: O's tile does not fit beside Q (64 KiB) and the ring (128 KiB); it is staged in Q's rows
     big = launch_specs.wgmma_ws_fwd(h._replace(D=256))
-    assert big.name.endswith(", false>") and big.smem == (128 + 4 * 64) * 256 * 2 + 8 * 10 + 1024 <= launch_specs.SM90_SMEM
+    assert big.name.endswith(", false>") and big.smem == (128 + 4 * 64) * 256 * 2 + 8 * 10 + 16 * 2 + 1024 <= launch_specs.SM90_SMEM
     kv, dq = launch_specs.mma_bwd_dkdv(h._replace(D=64)), launch_specs.mma_bwd_dq(h._replace(D=64))
     assert (kv.grid, kv.block, kv.smem) == ((3, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2 + 4 * 64 * 4)
     assert (dq.grid, dq.block, dq.smem) == ((5, 6), (128,), (2 * 64 + 4 * 64) * 64 * 2)

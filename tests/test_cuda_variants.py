@@ -295,23 +295,28 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
     """wgmma_ws_fwd is persistent: ctas blocks walk every work item (Br query rows of one head) in turn, the ring
     of K/V slots and the mbarriers' phases running on across items, O staged in its own tile (D 64, 128) or in
     Q's rows (D 256, where the next Q waits for the store). With 1, 3 or 7 blocks for many items: causal with
-    Nq > Nk (rows blocks walked in pairs, the middle one of an odd count alone; the first items' rows see no key:
-    O = 0, lse = -inf, without the ring), a window with GQA and dropout (a right bound: pairs too), and a
-    negative scale (Q's sign flipped per item), against the float64 reference."""
+    Nq > Nk (the first items' rows see no key: O = 0, lse = -inf, without the ring), a window with GQA and
+    dropout, and a negative scale (Q's sign flipped per item), against the float64 reference. With a right
+    bound (causal, the window) the blocks walk pairs of rows blocks where they balance (the middle one of an odd
+    count alone; 1 block, and 3 at D 128) and else the items longest first in a snake (7 blocks, and 3 at D 64),
+    in sections of all heads and of 3 heads (the last one shorter)."""
     monkeypatch.setattr(runtime, "device_sms", lambda x: ctas)
     monkeypatch.setattr(launch_specs, "WGMMA_WS_PERSISTENT_UNITS_PER_SM", 1 << 30)  # persistent however many units
-    launch_specs.clear_caches()
     try:
-        _persistent_walk_cases(kernel, D)
+        for sections in (1 << 30, 3):  # bytes, or heads (the K/V bytes of 3 heads at each case's Nk)
+            _persistent_walk_cases(kernel, D, sections, monkeypatch)
     finally:
         launch_specs.clear_caches()  # the specs cached with the patched grid
 
 
-def _persistent_walk_cases(kernel, D):
+def _persistent_walk_cases(kernel, D, sections, monkeypatch):
     cases = [(520, 300, 4, 2, dict(causal=True), 0.125),  # 5 (Br 128) or 3 (Br 192) rows blocks: a block alone
              (333, 517, 6, 3, dict(window_size=(70, 20), dropout_p=0.17, dropout_seed=2**40 + 3), 0.1),
              (260, 260, 2, 2, dict(), -0.07)]
     for i, (Nq, Nk, Hq, Hk, kw, scale) in enumerate(cases):
+        group = Hq // Hk
+        monkeypatch.setattr(launch_specs, "WGMMA_WS_SECTION_BYTES", sections if sections != 3 else 3 * 4 * Nk * D // group)
+        launch_specs.clear_caches()
         dtype = ("float16", "bfloat16")[i % 2]
         q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
         o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, softmax_scale=scale, **kw)

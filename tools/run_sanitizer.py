@@ -95,17 +95,19 @@ def inner(head_dims=None) -> int:
                 n += 3
             n += 1
     # wgmma_ws_fwd's persistent walk: two blocks walk every work item (the K/V ring, the mbarriers' phases and O's
-    # staging running on across items; with a right bound, pairs of rows blocks, the first ones seeing no key)
+    # staging running on across items; with a right bound, longest first in sections of 3 heads, in a snake)
     if hopper:
         from flash_attention_cuda import launch_specs, runtime
 
         sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
+        sections = launch_specs.WGMMA_WS_SECTION_BYTES
         runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = (lambda x: 2), 1 << 30
-        launch_specs.clear_caches()
         try:
             for D in (64, 128, 256):
                 if head_dims and D not in head_dims:
                     continue
+                launch_specs.WGMMA_WS_SECTION_BYTES = 3 * 4 * 170 * D // 2  # the K/V of 3 heads (GQA group 2)
+                launch_specs.clear_caches()
                 q = torch.randn(2, 4, 300, D, device="cuda", dtype=torch.float16)
                 k, v = (torch.randn(2, 2, 170, D, device="cuda", dtype=torch.float16) for _ in range(2))
                 for kw in (dict(causal=True), dict(window_size=(40, 10), dropout_p=0.17, dropout_seed=5), dict()):
@@ -113,6 +115,7 @@ def inner(head_dims=None) -> int:
                     n += 1
         finally:
             runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = sms, per_sm
+            launch_specs.WGMMA_WS_SECTION_BYTES = sections
             launch_specs.clear_caches()
     # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
     # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left

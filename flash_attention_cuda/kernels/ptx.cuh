@@ -69,6 +69,15 @@ __device__ __forceinline__ float to_f32(unsigned short h) {
 __device__ __forceinline__ void st_shared_v2(unsigned addr, float a, float b) {  // 8 bytes to shared memory
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+__device__ __forceinline__ void st_shared_v4(unsigned addr, int a, int b, int c, int d) {  // 16 bytes, aligned
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_v4(unsigned addr) {  // 16 bytes from shared memory, aligned
+    int4 v;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^x, 2^-inf = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

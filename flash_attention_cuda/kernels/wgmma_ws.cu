@@ -52,7 +52,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     wgmma_ws_fwd(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, unsigned short* __restrict__ O, float* __restrict__ LSE,
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
-                 unsigned seed_lo, unsigned seed_hi, int BH) {
+                 unsigned seed_lo, unsigned seed_hi, int BH, int heads_per_section, int walk_len) {
     using namespace wgmma_ops;
     static_assert((D == 64 || D == 128 || D == 256) && (Bc == 64 || Bc == 128 || Bc == 192),
                   "D in {64, 128, 256}, Bc in {64, 128, 192}");
@@ -86,29 +86,47 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
 
     const int tid = threadIdx.x, wg = tid / 128;
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
-    // The block's walk: its k-th work item (k = 0, 1, ...). Without a right bound every item sees as many keys,
-    // and block b takes units b, b + G, b + 2G, ... (G = gridDim.x), a unit being one item: rows block u % n_m of
-    // query head u / n_m. With a right bound (causal) a later rows block sees more keys, so a unit is a PAIR of
-    // rows blocks, p and n_m - 1 - p of one head, whose keys add up to about the same for every pair: each block
-    // gets the same share of the work, and takes both items of its pair one after the other.
-    const int n_m = (Nq + Br - 1) / Br;
-    const bool paired = mask.heavy_last();
-    const int per_head = paired ? (n_m + 1) / 2 : n_m;
-    const int n_units = per_head * BH;  // < 2^31 (launch_specs)
-    auto unit_of = [&](int k) { return (int)blockIdx.x + (paired ? k >> 1 : k) * (int)gridDim.x; };
-    auto in_walk = [&](int k) { return unit_of(k) < n_units; };
-    auto item = [&](int k) {  // n_tiles = -1: no item (the middle rows block of an odd n_m, paired with itself)
-        const int u = unit_of(k), p = u % per_head, second = paired && (k & 1);
-        const int m = second ? n_m - 1 - p : p;
-        frag::ForwardBlock b = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head);
-        if (second && m == p) b.n_tiles = -1;
-        return b;
-    };
-    // the walk's next item from k on whose rows see a key (those that see none are written below, without the ring)
-    auto next_busy = [&](int k) {
-        while (in_walk(k) && item(k).n_tiles <= 0) ++k;
-        return k;
-    };
+    // The block's walk: its k-th work item (k = 0, 1, ...), an item being Br query rows of one head. Without a
+    // right bound every item sees as many keys, and block b takes items u = b, b + G, b + 2G, ... (G = gridDim.x):
+    // rows block u % n_m of query head u / n_m. With a right bound (causal) a later rows block sees more keys;
+    // launch_specs picks one of two walks (heads_per_section):
+    //   pairs (0)   a unit is a PAIR of rows blocks, p and n_m - 1 - p of one head, whose keys add up to about the
+    //               same for every pair, and block b takes units b, b + G, ..., both items of each in turn: every
+    //               block gets the same work, in coarse units (the middle rows block of an odd n_m is alone);
+    //   longest first (> 0)   the items are numbered in sections of heads_per_section heads whose K/V fit in L2,
+    //               in each the rows blocks outer, heaviest first, and the heads inner, and the blocks take them
+    //               in a snake, b in even rounds and G - 1 - b in odd ones (round k: items kG .. kG + G - 1): the
+    //               block with the heaviest item of a round gets the lightest of the next, and all end with short
+    //               items. Finer than pairs where a block has few.
+    // The walk is worked out once, an item per thread, into shared memory: entry k is (query head, first row, first
+    // K/V row, K/V tiles); K/V tiles -2: no item (the middle rows block's pair), -1: past the walk. Both roles then
+    // keep only k (no item arithmetic in their loops, and no registers for it). A block has at most walk_len items
+    // (launch_specs sizes the shared memory for walk_len + 1 entries).
+    const unsigned walk = bars + 8 * (2 + 4 * STAGES);  // 16-byte aligned
+    auto entry = [&](int k) { return ptx::ld_shared_v4(walk + 16 * k); };  // (bh, q0, kv0, n_tiles)
+    for (int k = tid; k <= walk_len; k += (CWG + 1) * 128) {
+        const int n_m = (Nq + Br - 1) / Br, G = (int)gridDim.x, b = (int)blockIdx.x;
+        const bool paired = mask.heavy_last() && heads_per_section == 0;
+        const bool lpt = mask.heavy_last() && heads_per_section > 0;
+        const int per_head = paired ? (n_m + 1) / 2 : n_m, n_units = per_head * BH;  // < 2^31 (launch_specs)
+        const int u = paired ? b + (k >> 1) * G : k * G + (lpt && (k & 1) ? G - 1 - b : b);
+        int4 e = make_int4(0, 0, 0, -1);  // past the walk
+        if (k < walk_len && u < n_units) {
+            frag::ForwardBlock blk;
+            if (lpt) {
+                const int per_section = heads_per_section * n_m, section = u / per_section;
+                const int w = u - section * per_section;
+                const int heads = min(heads_per_section, BH - section * heads_per_section);  // in this section
+                blk = frag::forward_item<Br, Bc>(mask, w / heads, n_m, (long long)section * heads_per_section + w % heads);
+            } else {
+                const int p = u % per_head, second = paired && (k & 1), m = second ? n_m - 1 - p : p;
+                blk = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head);
+                if (second && m == p) blk.n_tiles = -2;
+            }
+            e = make_int4((int)blk.bh, blk.q0, blk.kv0, blk.n_tiles);
+        }
+        ptx::st_shared_v4(walk + 16 * k, e.x, e.y, e.z, e.w);
+    }
 
     if (tid == 0) {
         tma::mbar_init(q_full, 1);
@@ -129,14 +147,16 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
         if (tid == 0) {
             tma::prefetch_map(tmQ), tma::prefetch_map(tmK), tma::prefetch_map(tmV);
             int g = 0, qi = 0;  // K/V tiles and Q tiles loaded so far
-            for (int k = next_busy(0); in_walk(k); k = next_busy(k + 1), ++qi) {
-                const frag::ForwardBlock blk = item(k);
-                const int kv_head = (int)(blk.bh / group);  // the K/V head this query head reads
+            for (int k = 0;; ++k) {
+                const int4 it = entry(k);  // (bh, q0, kv0, n_tiles)
+                if (it.w == -1) break;     // past the walk
+                if (it.w <= 0) continue;   // no item, or rows that see no key (the consumers write them)
+                const int kv_head = it.x / group;  // the K/V head this query head reads
                 if (qi > 0) tma::mbar_wait(q_empty, (qi - 1) & 1);  // the last item's Q read by every warp
                 tma::mbar_arrive_expect_tx(q_full, Q_BYTES);
-                tma::load_tile<Br, D>(sQ, tmQ, blk.q0, (int)blk.bh, q_full);
-                for (int j = 0; j < blk.n_tiles; ++j, ++g) {
-                    const int row = blk.kv0 + j * Bc;
+                tma::load_tile<Br, D>(sQ, tmQ, it.y, it.x, q_full);
+                for (int j = 0; j < it.w; ++j, ++g) {
+                    const int row = it.z + j * Bc;
                     if (g >= STAGES) tma::mbar_wait(k_empty(g), (use(g) - 1) & 1);  // K_g-STAGES read by every warp
                     tma::mbar_arrive_expect_tx(k_full(g), KV_BYTES);
                     tma::load_tile<Bc, D>(k_tile(g), tmK, row, kv_head, k_full(g));
@@ -144,6 +164,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                     tma::mbar_arrive_expect_tx(v_full(g), KV_BYTES);
                     tma::load_tile<Bc, D>(v_tile(g), tmV, row, kv_head, v_full(g));
                 }
+                ++qi;
             }
         }
     } else {
@@ -159,27 +180,30 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
         auto staged = [&](int r, int c) { return sO + sw128<Br>(wrow + r, c); };  // the warp's rows of O
 
         // items whose rows see no key: O = 0, lse = -inf
-        for (int k = 0; in_walk(k); ++k) {
-            const frag::ForwardBlock blk = item(k);
-            if (blk.n_tiles != 0) continue;
+        for (int k = 0;; ++k) {
+            const int4 it = entry(k);  // (bh, q0, kv0, n_tiles)
+            if (it.w == -1) break;
+            if (it.w != 0) continue;
+            const long long bh = it.x;
             for (int e = tid - 128; e < Br * D; e += CT)
-                if (blk.q0 + e / D < Nq) O[(blk.bh * Nq + blk.q0) * D + e] = 0;
+                if (it.y + e / D < Nq) O[(bh * Nq + it.y) * D + e] = 0;
             for (int r = tid - 128; r < Br; r += CT)
-                if (blk.q0 + r < Nq) LSE[blk.bh * Nq + blk.q0 + r] = FA_NEG_INF;
+                if (it.y + r < Nq) LSE[bh * Nq + it.y + r] = FA_NEG_INF;
         }
 
         float acc[D / 2];         // O accumulator, 64 x D per warpgroup
         float s[Bc / 2];          // S_ij, then P_ij in fp32
         unsigned pf[Bc / 16][4];  // P_ij as fp16/bf16 A fragments
         int g = 0, qi = 0;        // as the producer counts them
-        int k = next_busy(0);
-        if (in_walk(k) && cwg == CWG - 1) tma::named_arrive(1, 256);  // the first turn goes to warpgroup 0
-        for (; in_walk(k); ++qi) {
-            const frag::ForwardBlock blk = item(k);
-            const int n_tiles = blk.n_tiles;
-            const long long bh = blk.bh;
-            const int row0 = blk.q0 + wrow;              // the warp's first row in the head
-            const frag::RowKeys rk = frag::row_keys(mask, row0, blk.kv0);
+        if (cwg == CWG - 1) tma::named_arrive(1, 256);  // the first turn goes to warpgroup 0
+        for (int k = 0;; ++k) {
+            const int4 it = entry(k);  // (bh, q0, kv0, n_tiles)
+            if (it.w == -1) break;     // past the walk
+            if (it.w <= 0) continue;   // no item, or written above
+            const int n_tiles = it.w, kv0 = it.z;
+            const long long bh = it.x;
+            const int row0 = it.y + wrow;              // the warp's first row in the head
+            const frag::RowKeys rk = frag::row_keys(mask, row0, kv0);
             const frag::Dropout dp = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // if DROPOUT
             float m_i[2] = {FA_NEG_INF, FA_NEG_INF}, l_i[2] = {0.0f, 0.0f}, alpha[2];
 #pragma unroll
@@ -206,7 +230,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             pin(s);
             if (lane0) tma::mbar_arrive(k_empty(g));
             frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk, 0);
-            if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0);
+            if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0);
             frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
 
             for (int j = 0; j + 1 < n_tiles; ++j, ++g) {  // K_g+1 = K_j+1, V_g = V_j
@@ -225,7 +249,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk,
                                      (j + 1) * Bc);
                 if constexpr (DROPOUT)
-                    frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, blk.kv0 + (j + 1) * Bc);
+                    frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0 + (j + 1) * Bc);
                 wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again, V_j's slot is free
                 pin(acc);
                 pin(pf);
@@ -242,10 +266,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             pin(pf);
             wgmma_fence();
             issue_ab<D, Bc, BF16>(acc, pf, v_tile(g));
-            // every turn taken is passed on, except the last warpgroup's very last one (the ring's first arrive
-            // was its own)
-            k = next_busy(k + 1);  // the block's next item
-            if (in_walk(k) || cwg != CWG - 1) tma::named_arrive(next_turn, 256);
+            tma::named_arrive(next_turn, 256);  // at once: the next warpgroup's turn waits for nothing of ours
             wgmma_wait<0>();
             pin(acc);
             if (lane0) tma::mbar_arrive(v_empty(g));
@@ -262,7 +283,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 fence_proxy_async();
                 tma::mbar_arrive(q_empty);
             }
+            ++qi;
         }
+        // every turn taken was passed on: warpgroup 0 takes back the last one (the ring's first arrive)
+        if (cwg == 0) tma::named_sync(1, 256);
     }
 }
 
@@ -272,7 +296,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
 #define FA_WGMMA_WS_PARAMS                                                                                    \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap,                                \
      const __grid_constant__ tma::TmaMap, unsigned short*, float*, int, int, float, int, int, int, float, unsigned, \
-     unsigned, int);
+     unsigned, int, int, int);
 #define FA_WGMMA_WS_INST(D, Bc, CWG, ST, BF, DROP, OWN) \
     template __global__ void wgmma_ws_fwd<D, Bc, CWG, ST, BF, DROP, OWN> FA_WGMMA_WS_PARAMS
 FA_WGMMA_WS_INST(64, 128, 3, 2, false, false, true)
