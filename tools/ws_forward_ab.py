@@ -1,0 +1,51 @@
+#!/usr/bin/env python
+"""Time the wgmma-ws forward alone, in the library's config and grid, at a few shapes: one checkout against another.
+
+    PYTHONPATH=. python tools/ws_forward_ab.py --label new                 # on a Hopper GPU, in this checkout
+    (cd ../other && PYTHONPATH=. python ../main/tools/ws_forward_ab.py --label old)   # the same, in another one
+
+Run it in two checkouts in turn, on the same machine (and once more in the first, to see the spread): the kernels
+compile from whichever checkout is on PYTHONPATH, so the two lines of a shape compare two versions of the kernel and
+its launch. Prints one line per shape: label, dtype, B, H, N, D, causal or not, TFLOP/s (4·B·H·N²·D, x0.5 causal,
+over the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+SHAPES = "4x16x1024x64,4x16x4096x64,8x12x1024x64,4x16x1024x128,4x16x4096x128,4x16x16384x128"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--label", required=True, help="the name printed at the start of each line")
+    ap.add_argument("--shapes", default=SHAPES, help="BxHxNxD, comma-separated (default: %(default)s)")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    args = ap.parse_args(argv)
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (Hopper)")
+    from flash_attention_cuda import launch_specs
+    from flash_attention_py.common import attention_flops
+    from flash_attention_py.inputs import make_inputs
+    from flash_attention_py.masks import window_for
+
+    for shape in args.shapes.split(","):
+        B, H, N, D = map(int, shape.split("x"))
+        for causal in (False, True):
+            x = make_inputs(B, H, N, N, D, dtype=args.dtype, device="cuda")
+            q, k, v = x["q"], x["k"], x["v"]
+            window, scale = window_for(causal), D ** -0.5
+            launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")  # compiled and warm
+            ms = do_bench_cudagraph(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws"),
+                                    return_mode="median")
+            tflops = attention_flops(B, H, N, N, D, causal=causal, mode="fwd") / (ms * 1e-3) / 1e12
+            print(args.label, args.dtype, B, H, N, D, "causal" if causal else "not-causal", f"{tflops:.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
