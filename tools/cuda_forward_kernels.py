@@ -11,7 +11,9 @@ recorded). Times are medians of CUDA-graph replays (``triton.testing.do_bench_cu
 ``do_bench``), so they are the kernels' own: at N = 1024 a call's host time (tens of microseconds of Python)
 would otherwise exceed the kernel's and be what is measured. TFLOP/s count 4·B·H·N²·D (x0.5 causal). Writes
 ``forward_kernels.json`` and ``forward_kernels.md`` into --out: the measurement behind
-``launch_specs.WGMMA_WS_CONFIGS`` and the forward kernel='auto' picks on a Hopper.
+``launch_specs.WGMMA_WS_CONFIGS`` and the forward kernel='auto' picks on a Hopper. With ``--walks``, causal rows
+also time the two walks of the persistent grid forced (``launch_specs.WGMMA_WS_PAIRS_BALANCE``): the measurement
+behind that threshold.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--configs", choices=("all", "library"), default="all",
                     help="all: every candidate config (default); library: launch_specs.WGMMA_WS_CONFIGS[D] alone")
+    ap.add_argument("--walks", action="store_true",
+                    help="causal rows: also the library config with each walk forced, pairs of rows blocks or the items "
+                         "longest first (launch_specs.WGMMA_WS_PAIRS_BALANCE 0 or 2), on the library's grid")
     ap.add_argument("--timer", choices=("graph", "events"), default="graph",
                     help="graph: CUDA-graph replays, the kernels alone (default); events: do_bench, host time included "
                          "where it is longer than the kernel")
@@ -71,14 +76,19 @@ def main(argv=None) -> int:
         diff = {}
         library = launch_specs.WGMMA_WS_CONFIGS[D]
         configs = [(cfg, "library") for cfg in (CANDIDATES.get(D, []) if args.configs == "all" else [library])]
-        for cfg, grid in configs + [(library, "persistent"), (library, "a block per unit")]:
+        walks = [(library, "pairs"), (library, "longest first")] if args.walks and causal else []
+        for cfg, grid in configs + [(library, "persistent"), (library, "a block per unit")] + walks:
             # library: the grid launch_specs picks (persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per SM);
             # persistent: one block per SM walks the work units, however many; a block per unit (an item of Br
-            # query rows, or with causal a pair of them)
+            # query rows, or with causal a pair of them); pairs, longest first: the library's grid, with causal
+            # walking pairs wherever it is persistent, or the items longest first
             name = "wgmma-ws " + "x".join(map(str, cfg)) + ("" if grid == "library" else " " + grid)
             sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
+            balance = launch_specs.WGMMA_WS_PAIRS_BALANCE
             try:
-                if grid == "persistent":
+                if grid in ("pairs", "longest first"):  # pairs wherever the grid is persistent, or never
+                    launch_specs.WGMMA_WS_PAIRS_BALANCE = 0.0 if grid == "pairs" else 2.0
+                elif grid == "persistent":
                     launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = 1 << 30
                 elif grid == "a block per unit":
                     runtime.device_sms = lambda x: 1 << 30  # min(units, 2^30) blocks: one per unit
@@ -90,6 +100,7 @@ def main(argv=None) -> int:
                 diff[name] = f"{type(exc).__name__}: {exc}"[:300]
             finally:
                 runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = sms, per_sm
+                launch_specs.WGMMA_WS_PAIRS_BALANCE = balance
                 launch_specs.clear_caches()
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             with sdpa_kernel(backend):
@@ -110,8 +121,9 @@ def main(argv=None) -> int:
           "", f"`{doc['command']}`; {doc['unit']}. wgmma-ws BcxCxS: Bc keys per tile, C consumer warpgroups, "
           "S K/V stages; unmarked: the grid the library picks (persistent up to "
           f"{launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM} work units per SM, else a block per unit); \"persistent\": one "
-          "block per SM walks the work units (items of Br query rows, pairs of them with causal); \"a block per unit\": "
-          "a block per unit.", "",
+          "block per SM walks the work units (items of Br query rows, or with causal pairs of them where they balance); "
+          "\"a block per unit\": a block per unit; \"pairs\", \"longest first\" (--walks, causal): the library's grid "
+          "walking pairs of rows blocks wherever it is persistent, or the items longest first.", "",
           "| dtype | D | N | causal | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['dtype']} | {r['D']} | {r['N']} | {r['causal']} | "
