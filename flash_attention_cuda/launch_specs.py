@@ -282,7 +282,8 @@ WGMMA_WS_PERSISTENT_UNITS_PER_SM = 24
 # pairs / blocks by a share above 1 - WGMMA_WS_PAIRS_BALANCE, too many blocks sit idle in the last round, and the
 # items are walked longest first instead, numbered in sections of heads whose K and V fit together in
 # WGMMA_WS_SECTION_BYTES (a part of an H100's 50 MB L2). B4 H16 on an H100: pairs 0.97 at D128 N = 1024 and 4096
-# (kept); 0.73 at D64 N = 1024 and 0.89 at N = 4096 (longest first: 1.26x and 1.05x faster).
+# (kept); 0.73 at D64 N = 1024 and 0.89 at N = 4096, where longest first ran 1.24x and 1.06x faster than pairs
+# (docs/results/cuda/forward_persistent/walk_ab.md; tools/cuda_forward_kernels.py --walks times both walks).
 WGMMA_WS_PAIRS_BALANCE = 0.9
 WGMMA_WS_SECTION_BYTES = 16 << 20
 # A wgmma-ws block keeps its walk (its work items) in shared memory, 16 bytes an item: at most this many, so a
@@ -324,7 +325,8 @@ def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int]
     if smem > SM90_SMEM:
         raise ValueError(f"wgmma_ws_fwd: config {(Bc, cwg, stages)} at D = {p.D} needs {smem} bytes of shared memory "
                          f"(walk of {walk_len} items), more than the {SM90_SMEM} a block may have")
-    heads_per_section = 0 if paired else max(1, min(p.B * p.H, WGMMA_WS_SECTION_BYTES // max(1, 4 * p.Nk * p.D // p.group)))
+    head_kv_bytes = max(1, 4 * p.Nk * p.D // p.group)  # K and V of a query head, fp16/bf16 (a group shares them)
+    heads_per_section = 0 if paired else max(1, min(p.B * p.H, WGMMA_WS_SECTION_BYTES // head_kv_bytes))
     name = f"wgmma_ws_fwd<{p.D}, {Bc}, {cwg}, {stages}, {_bf16(p)}, {_flag(p.dropout)}, {_flag(own_o)}>"
     return LaunchSpec("wgmma_ws.cu", name, (grid,), (128 * (cwg + 1),), smem, ("O", "LSE"),
                       _tc_args(p) + (("BH", np.int32(p.B * p.H)), ("heads_per_section", np.int32(heads_per_section)),

@@ -298,7 +298,7 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
     Nq > Nk (the first items' rows see no key: O = 0, lse = -inf, without the ring), a window with GQA and
     dropout, and a negative scale (Q's sign flipped per item), against the float64 reference. With a right
     bound (causal, the window) the blocks walk pairs of rows blocks where they balance (the middle one of an odd
-    count alone; 1 block, and 3 at D 128) and else the items longest first in a snake (7 blocks, and 3 at D 64),
+    count alone; 1 block, and 3 at D 128 and 256) and else the items longest first in a snake (7 blocks, and 3 at D 64),
     in sections of all heads and of 3 heads (the last one shorter)."""
     monkeypatch.setattr(runtime, "device_sms", lambda x: ctas)
     monkeypatch.setattr(launch_specs, "WGMMA_WS_PERSISTENT_UNITS_PER_SM", 1 << 30)  # persistent however many units

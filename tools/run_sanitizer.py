@@ -94,18 +94,20 @@ def inner(head_dims=None) -> int:
                 flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
                 n += 3
             n += 1
-    # wgmma_ws_fwd's persistent walk: two blocks walk every work item (the K/V ring, the mbarriers' phases and O's
-    # staging running on across items; with a right bound, longest first in sections of 3 heads, in a snake)
+    # wgmma_ws_fwd's persistent walk: two or three blocks walk every work item (the K/V ring, the mbarriers' phases
+    # and O's staging running on across items; with a right bound, pairs of rows blocks on two blocks, and on three
+    # the items longest first in a snake, in sections of 3 heads)
     if hopper:
         from flash_attention_cuda import launch_specs, runtime
 
         sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
         sections = launch_specs.WGMMA_WS_SECTION_BYTES
-        runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = (lambda x: 2), 1 << 30
+        launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = 1 << 30
         try:
-            for D in (64, 128, 256):
+            for ctas, D in ((c, D) for c in (2, 3) for D in (64, 128, 256)):
                 if head_dims and D not in head_dims:
                     continue
+                runtime.device_sms = lambda x, ctas=ctas: ctas
                 launch_specs.WGMMA_WS_SECTION_BYTES = 3 * 4 * 170 * D // 2  # the K/V of 3 heads (GQA group 2)
                 launch_specs.clear_caches()
                 q = torch.randn(2, 4, 300, D, device="cuda", dtype=torch.float16)

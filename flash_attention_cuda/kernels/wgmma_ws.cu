@@ -34,12 +34,12 @@
 //
 // The block is PERSISTENT: the grid has one block per SM (or fewer), and each block walks its share of the
 // work items (64 CWG query rows of one head; with causal, pairs of them that together see as many keys as any
-// other pair: the walk below). The producer runs ahead across items: it loads the next item's Q as soon as
-// every consumer has issued its last product with this one's Q (mbarrier q_empty), and its K/V tiles as the ring
-// frees slots, so the next item's loads overlap this item's last product and its epilogue instead of waiting
-// for a new block. The epilogue stages O in its own shared tile (OWN_O; at D = 256, where shared memory is
-// short, in Q's rows, and the next Q waits for it). The ring's slots and phases run on across items (g counts
-// the K/V tiles through it).
+// other pair, or the items longest first: the walk below, kept in shared memory). The producer runs ahead
+// across items: it loads the next item's Q as soon as every consumer has issued its last product with this
+// one's Q (mbarrier q_empty), and its K/V tiles as the ring frees slots, so the next item's loads overlap this
+// item's last product and its epilogue instead of waiting for a new block. The epilogue stages O in its own
+// shared tile (OWN_O; at D = 256, where shared memory is short, in Q's rows, and the next Q waits for it). The
+// ring's slots and phases run on across items (g counts the K/V tiles through it).
 #include "common.cuh"
 #include "fragments.cuh"
 #include "masks.cuh"
@@ -117,7 +117,8 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 const int per_section = heads_per_section * n_m, section = u / per_section;
                 const int w = u - section * per_section;
                 const int heads = min(heads_per_section, BH - section * heads_per_section);  // in this section
-                blk = frag::forward_item<Br, Bc>(mask, w / heads, n_m, (long long)section * heads_per_section + w % heads);
+                const long long head = (long long)section * heads_per_section + w % heads;
+                blk = frag::forward_item<Br, Bc>(mask, w / heads, n_m, head);
             } else {
                 const int p = u % per_head, second = paired && (k & 1), m = second ? n_m - 1 - p : p;
                 blk = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head);
