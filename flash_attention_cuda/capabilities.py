@@ -143,7 +143,8 @@ _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 TENSOR_CORE_HEAD_DIMS = (64, 128, 256)
 WGMMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
 BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
-                      "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS}
+                      "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS,
+                      "mma-fused": TENSOR_CORE_HEAD_DIMS}
 _TC_MAX_D = TENSOR_CORE_HEAD_DIMS[-1]
 _BWD_MAX_D = {kernel: dims[-1] for kernel, dims in BACKWARD_HEAD_DIMS.items()}
 
@@ -162,7 +163,7 @@ CAPABILITIES = {
 }
 KERNEL_OF = {name: name[len("cuda-"):] for name in CAPABILITIES}  # 'cuda-wgmma-ws' -> 'wgmma-ws', the launcher's kernel=
 TENSOR_CORE_KERNELS = ("mma", "wgmma", "wgmma-ws")  # the forward kernels on tensor cores (fp16/bf16, every variant)
-TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "wgmma-ws", "mma")  # the backward kernels on tensor cores (the same)
+TENSOR_CORE_BACKWARDS = ("wgmma", "wgmma-fused", "wgmma-ws", "mma", "mma-fused")  # the backward kernels on tensor cores (the same)
 
 # The backward kernels: on a Hopper the wgmma kernels (wgmma_backward.cu), elsewhere the mma.sync kernels
 # (mma_backward.cu, compute capability >= 8.0) where they apply, else the fp32 kernels (backward.cu; fp16/bf16/fp64
@@ -179,6 +180,9 @@ BACKWARD = {
                            hopper_only=True, variants=_ALL_VARIANTS, probe=hopper_probe),
     "mma": Capability("cuda-mma-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["mma"],
                       variants=_ALL_VARIANTS, probe=cuda_probe),
+    # one kernel: mma_bwd_dkdv's blocks also add dQ_i += dS_ij K_j atomically (mma_backward.cu, mma_bwd_fused)
+    "mma-fused": Capability("cuda-mma-fused-backward", dtypes=_HALF, max_head_dim=_BWD_MAX_D["mma-fused"],
+                            variants=_ALL_VARIANTS, probe=cuda_probe),
     "tiled": Capability("cuda-tiled-backward", dtypes={"cuda": FLOAT_DTYPES}, max_head_dim=128, probe=cuda_probe),
 }
 # The forward kernel='auto' runs on a Hopper: the warp-specialised wgmma kernel, faster than wgmma.cu at every

@@ -10,6 +10,8 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
               arithmetic)
     backward  bwd_preprocess, bwd_dkdv, bwd_dq                   (backward.cu, fp32)
               mma_bwd_preprocess, mma_bwd_dkdv, mma_bwd_dq       (mma_backward.cu, tensor cores)
+              mma_bwd_fused_preprocess, mma_bwd_fused,           (the same file: one kernel, dQ summed into a
+              mma_bwd_dq_store                                   zeroed float32 buffer atomically, then stored)
               wgmma_bwd_dkdv, wgmma_bwd_dq                       (wgmma_backward.cu, Hopper; Delta from
                                                                  mma_bwd_preprocess)
               wgmma_bwd_preprocess, wgmma_bwd_fused,             (the same file: Delta and a zeroed float32
@@ -53,7 +55,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
-           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
+           "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
            "wgmma_bwd_dq_store",
            "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward", "BackwardPlan", "backward_plan", "clear_caches",
@@ -426,6 +428,36 @@ def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
 
 
 @_cached
+def mma_bwd_fused_preprocess(p: Problem) -> LaunchSpec:
+    """mma_backward.cu: Delta as mma_bwd_preprocess, and the float32 dQaccum (B * Hq, Nq, D) zeroed row by row."""
+    rows = p.B * p.H * p.Nq
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_fused_preprocess<{p.D}, {_bf16(p)}>", (_cdiv(rows, 4),), (128,),
+                      0, ("O", "dO", "Delta", "dQaccum"), (("rows", np.int64(rows)),))
+
+
+@_cached
+def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+    """mma_backward.cu: mma_bwd_dkdv's blocks (config or MMA_BACKWARD_CONFIGS[D]) that also add every tile's
+    dQ_i += dS_ij K_j into the float32 dQaccum (B * Hq, Nq, D) atomically (FlashAttention-2's one kernel)."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
+    Bc = 16 * nw
+    # mma_bwd_dkdv's carve-up, then the dS tile: Bc rows of tile queries, 16-bit, + 16 bytes each (DsTile)
+    smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4 + Bc * (2 * tile + 16)
+    flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_fused<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
+                      (_cdiv(p.Nk, Bc) * dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
+                      _BWD_IN + ("dK", "dV", "dQaccum"), _tc_args(p))
+
+
+@_cached
+def mma_bwd_dq_store(p: Problem) -> LaunchSpec:
+    """mma_backward.cu: dQ = softmax_scale * dQaccum in 16 bits, 4 elements per thread, 256 threads a block."""
+    n = p.B * p.H * p.Nq * p.D
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_dq_store<{_bf16(p)}>", (_cdiv(n, 4 * 256),), (256,), 0,
+                      ("dQaccum", "dQ"), (("n", np.int64(n)), ("softmax_scale", np.float32(p.scale))))
+
+
+@_cached
 def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps queries per block."""
     nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
@@ -664,10 +696,11 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
     if kernel == "auto":
         kernel = auto_backward(dtype, q_shape[-1], cc)
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
-        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' or "
-                         f"'auto', got {kernel!r}")
-    if config is not None and kernel not in ("wgmma", "mma", "wgmma-ws"):
-        raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma', got kernel {kernel!r}")
+        raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'mma-fused', "
+                         f"'tiled' or 'auto', got {kernel!r}")
+    if config is not None and kernel not in ("wgmma", "mma", "mma-fused", "wgmma-ws"):
+        raise ValueError(f"run_backward: config applies to kernel 'wgmma', 'wgmma-ws', 'mma' or 'mma-fused', got "
+                         f"kernel {kernel!r}")
     D = q_shape[-1]
     tensor_cores = kernel in TENSOR_CORE_BACKWARDS
     Dp = padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) if tensor_cores else D
@@ -684,6 +717,9 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
         if kernel == "wgmma-ws" and ws_backward_splits(p) > 1:  # split query heads: partial dK, dV, then their sum
             specs += (wgmma_bwd_kv_sum(p),)
             sizes.append(("dKVpart", math.prod(kv_part_shape(p))))
+    elif kernel == "mma-fused":  # Delta and dQaccum = 0, one kernel for dK, dV and (float32, atomically) dQ, then dQ
+        specs = (mma_bwd_fused_preprocess(p), mma_bwd_fused(p, config), mma_bwd_dq_store(p))
+        sizes = [("dQaccum", B * H * Nq * p.D), ("Delta", B * H * Nq)]
     elif tensor_cores:  # Delta from mma_bwd_preprocess, then the rung's dK/dV and dQ kernels
         dkdv, dq = (wgmma_bwd_dkdv, wgmma_bwd_dq) if kernel == "wgmma" else (mma_bwd_dkdv, mma_bwd_dq)
         specs, sizes = (mma_bwd_preprocess(p), dkdv(p, config), dq(p, config)), [("Delta", B * H * Nq)]

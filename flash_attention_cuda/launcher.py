@@ -141,7 +141,7 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     (the forward's). The gradients come back in q's dtype, shaped like q, k, v: with grouped-query K/V heads
     (Hq % Hk == 0) dK and dV of a K/V head sum over its group of query heads. causal, window_size, dropout_p
     and dropout_seed: those of the forward call; the dropout mask is drawn again from the seed. The variants
-    beyond causal need a tensor-core kernel ('wgmma-ws', 'wgmma-fused', 'wgmma', 'mma', or 'auto' where one
+    beyond causal need a tensor-core kernel ('wgmma-ws', 'wgmma-fused', 'wgmma', 'mma', 'mma-fused', or 'auto' where one
     applies):
         {MASK_DIAGRAM}
 
@@ -152,7 +152,8 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic; D <= 256) |
     'mma' (fp16/bf16, D <= 256 (padded to 64, 128 or 256), compute capability >= 8.0: mma.sync tensor cores, fp32
-    accumulation, kernels/mma_backward.cu) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
+    accumulation, two kernels, deterministic; kernels/mma_backward.cu) | 'mma-fused' (the same, as one kernel whose
+    dQ is summed with atomic adds, FlashAttention-2's choice; mma_bwd_fused) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
     fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, wgmma above it, else
     mma where it applies, else tiled).
     """

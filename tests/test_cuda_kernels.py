@@ -335,6 +335,7 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         for bwd_kernel, names in (("auto", auto),
                                   ("wgmma", ["mma_bwd_preprocess", "wgmma_bwd_dkdv", "wgmma_bwd_dq"]),
                                   ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"]),
+                                  ("mma-fused", ["mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store"]),
                                   ("wgmma-fused", ["wgmma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"]),
                                   ("wgmma-ws", ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])):
             if bwd_kernel != "auto" and dtype == "float32":
@@ -395,7 +396,12 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     assert plan_of("auto", "float16", (1, 2, 50, 64), (1, 2, 50, 64), (8, 0), CAUSAL, 0.1).kernel == "mma"
     with pytest.raises(ValueError, match="run_backward: kernel must be .* got 'wgmma-wz'"):
         plan_of("wgmma-wz", *args)
-    with pytest.raises(ValueError, match="run_backward: config applies to kernel 'wgmma', 'wgmma-ws' or 'mma'"):
+    fused = plan_of("mma-fused", *args)  # Delta and the float32 dQaccum (B Hq, Nq, D), in one allocation
+    assert [s.name.split("<")[0] for s in fused.specs] == ["mma_bwd_fused_preprocess", "mma_bwd_fused",
+                                                           "mma_bwd_dq_store"]
+    assert dict(fused.scratch)["Delta"] >= 2 * 6 * 300 * 64 and fused.scratch_size >= 2 * 6 * 300 * 65
+    with pytest.raises(ValueError, match="run_backward: config applies to kernel 'wgmma', 'wgmma-ws', 'mma' or "
+                                         "'mma-fused'"):
         plan_of("wgmma-fused", *args[:-1], (64, 2))
     launch_specs.clear_caches()
     assert plan_of("auto", *args) is not plan and plan_of("auto", *args) == plan
@@ -709,12 +715,12 @@ def test_wgmma_refused_off_hopper(monkeypatch):
 # ------------------------------------------------------------------ the tensor-core backwards (mma_backward.cu,
 # wgmma_backward.cu)
 @gpu
-@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper),
+@pytest.mark.parametrize("kernel", ["mma", "mma-fused", pytest.param("wgmma", marks=hopper),
                                     pytest.param("wgmma-fused", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 128, 40])
 def test_tensor_core_backward_matches_reference(kernel, dtype, D):
-    """kernel='mma', 'wgmma', 'wgmma-fused' and 'wgmma-ws' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
+    """kernel='mma', 'mma-fused', 'wgmma', 'wgmma-fused' and 'wgmma-ws' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
     Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
     runs the D = 64 kernels on zero-padded copies."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
@@ -787,7 +793,7 @@ def test_backward_bad_input():
     o, lse = flash_attn_cuda(q, k, v, return_lse=True, kernel="mma")
     with pytest.raises(ValueError, match=r"kernel 'mma' takes float16/bfloat16 with D <= 256"):
         flash_attn_cuda_backward(q.float(), k.float(), v.float(), o.float(), lse, do.float(), kernel="mma")
-    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, wgmma-ws, mma, tiled"):
+    with pytest.raises(ValueError, match="kernel must be one of auto, wgmma, wgmma-fused, wgmma-ws, mma, mma-fused, tiled"):
         flash_attn_cuda_backward(q, k, v, o, lse, do, kernel="fast")
     wide = [torch.nn.functional.pad(x, (0, 96)) for x in (q, k, v, o, do)]  # D = 160: the wgmma backwards stop at 128
     with pytest.raises(ValueError, match=r"kernel 'wgmma-ws' takes float16/bfloat16 with D <= 128 .* got float16, D = 160"):

@@ -196,11 +196,13 @@ def test_forward_variants(kernel, dtype, D, case):
     _check("lse", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
 
 
-# the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the two-kernel ones (mma, wgmma)
-# D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks)
+# the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the mma ones and the two-kernel
+# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks)
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
-                 for kernel in (pytest.param("mma"), WGMMA, WGMMA_FUSED, WGMMA_WS) for D in (64, 128)] + \
-                [pytest.param("mma", 256, id="mma-d256"), pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
+                 for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA, WGMMA_FUSED, WGMMA_WS)
+                 for D in (64, 128)] + \
+                [pytest.param("mma", 256, id="mma-d256"), pytest.param("mma-fused", 256, id="mma-fused-d256"),
+                 pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
 
 
 @gpu
@@ -208,7 +210,8 @@ BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kernel,D", BACKWARD_DIMS)
 def test_backward_variants(kernel, D, dtype, case):
-    """The mma, wgmma, wgmma-fused and wgmma-ws backwards from each forward's (o, lse): dk, dv of a K/V head sum over its group."""
+    """The mma, mma-fused, wgmma, wgmma-fused and wgmma-ws backwards from each forward's (o, lse): dk, dv of a K/V
+    head sum over its group."""
     Nq, Nk, Hq, Hk, causal, window, p = case
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
     kw = _kw(causal, window, p, seed=int(torch.randint(0, 2**62, ()).item()))

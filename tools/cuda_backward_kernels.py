@@ -2,9 +2,11 @@
 """Time the CUDA tensor-core backwards (mma.sync, wgmma, wgmma-fused, wgmma-ws) alone, every wgmma tile config, beside FA2 and cuDNN.
 
     PYTHONPATH=. python tools/cuda_backward_kernels.py --out results/backward_kernels      # on a Hopper GPU
+    PYTHONPATH=. python tools/cuda_backward_kernels.py --mma-only --out results/mma_backward   # any GPU (sm_80+)
 
 For each head dim, N and causal (B4 H16 fp16 by default): the backward kernels alone (``launch_specs.run_backward``:
-Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' and with kernel 'wgmma' for each candidate
+Delta, dK/dV, dQ; no autograd around them) with kernel 'mma' (two kernels), kernel 'mma-fused' (one kernel, dQ
+summed atomically, as FlashAttention-2 does) and with kernel 'wgmma' for each candidate
 (warpgroups, streamed tile rows), kernel 'wgmma-fused' (one kernel, dQ summed atomically), kernel 'wgmma-ws' (that kernel
 warp-specialised; its default config and the others of ``WS_CANDIDATES``, "wgmma-ws Br<queries per tile>"), and SDPA's FlashAttention-2 and cuDNN backward (``torch.autograd.grad`` of
 one recorded forward). Times are ``triton.testing.do_bench`` medians; TFLOP/s count 2.5 x 4·B·H·N²·D (x0.5
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--mma-only", action="store_true", help="only the mma.sync backwards beside FA2 and cuDNN")
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -57,15 +60,16 @@ def main(argv=None) -> int:
         o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel="mma", return_lse=True)
         flops = attention_flops(B, H, N, N, D, causal=causal, mode="bwd")
         window, scale = window_for(causal), D ** -0.5
-        ms = {"mma": do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "mma"))}
-        for cfg in CANDIDATES.get(D, []):
+        ms = {mma: do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, mma))
+              for mma in ("mma", "mma-fused")}
+        for cfg in [] if args.mma_only else CANDIDATES.get(D, []):
             ms[f"wgmma {cfg[0]}x{cfg[1]}"] = do_bench(
                 lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma", cfg))
-        for one in ("wgmma-fused", "wgmma-ws"):
+        for one in () if args.mma_only else ("wgmma-fused", "wgmma-ws"):
             if not BACKWARD[one].supports("float16", D):  # the one-kernel backwards stop at D = 128
                 continue
             ms[one] = do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, one))
-        for cfg in WS_CANDIDATES.get(D, []):
+        for cfg in [] if args.mma_only else WS_CANDIDATES.get(D, []):
             ms[f"wgmma-ws Br{cfg[0]}"] = do_bench(
                 lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws", cfg))
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):

@@ -4,8 +4,8 @@
 
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
-(on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma and, on Hopper,
-wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
+(on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma, mma-fused and, on
+Hopper, wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
 D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
 heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
@@ -69,8 +69,9 @@ def inner(head_dims=None) -> int:
                     n += 1
                     if kernel != "naive":  # the backward kernels once per (case, dtype): mma's, wgmma's, fp32's
                         bwd = kernel if kernel in ("mma", "wgmma") else "auto"
-                        # Hopper: every wgmma backward
-                        for b in (bwd, "wgmma-fused", "wgmma-ws") if kernel == "wgmma" else (bwd,):
+                        # both mma backwards; on a Hopper every wgmma backward
+                        more = {"mma": ("mma-fused",), "wgmma": ("wgmma-fused", "wgmma-ws")}.get(kernel, ())
+                        for b in (bwd,) + more:
                             if not takes(b, dtype, D):
                                 continue
                             flash_attn_cuda_backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, kernel=b)
@@ -89,7 +90,8 @@ def inner(head_dims=None) -> int:
             kw = dict(causal=causal, window_size=window, dropout_p=p, dropout_seed=2**33 + 1 if p else None)
             o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
             do = torch.randn_like(o)
-            for bwd in ("wgmma-fused", "wgmma-ws") if kernel == "wgmma-ws" else (kernel,):  # mma's, every wgmma one
+            # both mma backwards, every wgmma one
+            for bwd in {"wgmma-ws": ("wgmma-fused", "wgmma-ws"), "mma": ("mma", "mma-fused")}.get(kernel, (kernel,)):
                 bwd = bwd if takes(bwd, "bfloat16", D) else "auto"  # D > 128: the mma backward
                 flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=bwd, **kw)
                 n += 3

@@ -11,6 +11,10 @@
 //   dQ_i += softmax_scale * dS_ij K_j    (mma_bwd_dq:   one block per Q tile of Br queries, loop over K/V tiles)
 // Two kernels instead of atomic adds into dQ: every output tile belongs to one block, so the gradients are
 // deterministic; the price is recomputing S and dP in both (7 matrix products per tile pair instead of 5).
+// mma_bwd_fused is FlashAttention-2's own choice, one kernel and 5 products: the dK/dV kernel's blocks also add
+// each tile's dQ_i += dS_ij K_j into a float32 buffer with atomic adds (mma_bwd_fused_preprocess zeroes it beside
+// Delta, mma_bwd_dq_store turns it into dQ); dQ's sums then come in any order, so it is not bitwise
+// reproducible (dK and dV are).
 // The mask (masks.cuh, window (left, right)): each block loops only over the tiles that hold a pair the mask
 // shows, and the elementwise mask runs only on the warps' blocks that the mask does not call full.
 // Grouped-query attention (Hq = group * Hk query heads read Hk K/V heads; query head bh = b Hq + h reads K/V
@@ -71,6 +75,70 @@ __device__ __forceinline__ Smem<D, STAY, STREAM> smem_layout(unsigned char* smem
     return {base, base + STAY * D * 2, stream0, stream0 + 2 * Smem<D, STAY, STREAM>::STREAM_BYTES};
 }
 
+// The one-kernel backward's third product, dQ_i += dS_ij K_j (FlashAttention-2's Algorithm 2):
+// dS_ij^T sits in the warps' registers with keys as rows (16 per warp), but dQ_i needs dS_ij with queries as rows
+// and the sum over all Bc keys of the block. So every warp writes its 16 rows of dS_ij^T (the A fragments of
+// dK's product, already 16-bit) into a shared tile sdS (Bc keys x Br queries, rows padded by 16 bytes so that
+// the 8 rows an ldmatrix reads fall in 8 different bank groups), the block syncs, and warp w then computes
+// dQ_i's rows 16 (w % RT) .. + 15 (RT = Br / 16 row tiles) over DC / (NWARPS / RT) of the block's DC columns,
+// reading dS_ij's A fragments with ldmatrix.trans (the tile is dS^T) and K_j from its shared tile, and adds
+// the float32 result into dQaccum (B Hq, Nq, D) with atomic adds, two columns at a time (red.global.add.v2.f32
+// on sm_90). The caller syncs before sdS is written again.
+template <int Br, int Bc>
+struct DsTile {
+    static constexpr int ROW_BYTES = Br * 2 + 16;  // one key's Br queries, 16-bit, + 16 bytes of padding
+    static constexpr unsigned BYTES = Bc * ROW_BYTES;
+};
+template <int Br, int KS>
+__device__ __forceinline__ void store_ds(unsigned sdS, int wkey, const unsigned (&a)[KS][4]) {
+    // a[kk]: the A fragments of dS_ij^T, rows = the warp's keys, columns = queries 16 kk .. 16 kk + 15
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    constexpr int RB = DsTile<Br, 1>::ROW_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {  // x: (row g | g + 8) x (columns 2t | 2t + 8)
+            const int row = wkey + g + (x & 1) * 8, col = 16 * kk + 2 * t + (x >> 1) * 8;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + row * RB + col * 2), "r"(a[kk][x]) : "memory");
+        }
+}
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {  // p[0] += a, p[1] += b, atomically
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+template <int D, int NWARPS, int Br, int DC, bool BF16>
+__device__ __forceinline__ void add_dq(float* dq_rows, unsigned sdS, unsigned sK, int i0, int Nq, int col0) {
+    constexpr int Bc = 16 * NWARPS, RT = Br / 16, WPR = NWARPS / RT, WC = DC / WPR;  // WC columns per warp
+    static_assert(NWARPS % RT == 0 && DC % (16 * WPR) == 0, "warps per row tile");
+    constexpr int RB = DsTile<Br, Bc>::ROW_BYTES;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rt = warp % RT;
+    const int c0 = col0 + (warp / RT) * WC;  // the warp's first column of dQ_i
+    unsigned a[Bc / 16][4];                  // dS_ij rows 16 rt .. + 15 (queries) x all Bc keys
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {  // matrix lane / 8: keys + 8 (lane / 16), queries + 8 ((lane / 8) % 2)
+        const int key = 16 * kk + (lane >> 4) * 8 + (lane & 7), q = 16 * rt + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(a[kk], sdS + key * RB + q * 2);
+    }
+    constexpr int CW = WC < 64 ? WC : 64;  // columns per pass: 32 accumulator registers beside dK_j and dV_j's
+#pragma unroll
+    for (int c = c0; c < c0 + WC; c += CW) {
+        float dq[CW / 8][4];
+        zero(dq);
+        mma_ab<D, Bc / 16, BF16, CW>(dq, a, sK, 0, c);  // dQ_i (16 rows, CW columns) += dS_ij K_j
+#pragma unroll
+        for (int n = 0; n < CW / 8; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                const int row = i0 + 16 * rt + acc_row(2 * h);
+                if (row < Nq) red_add2(dq_rows + (long long)row * D + c + acc_col(n, 0), dq[n][2 * h], dq[n][2 * h + 1]);
+            }
+    }
+}
+
 }  // namespace mma_bwd_detail
 
 // Delta_i = rowsum(dO_i o O_i) in fp32, one warp per row (O and dO 16-bit, (rows, D); bwd::delta_row).
@@ -83,6 +151,31 @@ __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const u
     if (threadIdx.x % 32 == 0) Delta[r] = delta;
 }
 
+// The one-kernel backward's first step: Delta as mma_bwd_preprocess, and row r of dQaccum (rows, D) zeroed by
+// the same warp (D / 32 floats a lane).
+template <int D, bool BF16>
+__global__ void mma_bwd_fused_preprocess(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
+                                         float* __restrict__ Delta, float* __restrict__ dQaccum, long long rows) {
+    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    const float delta = bwd::delta_row<D, BF16>(O, dO, r, bwd::delta_vec<D>(O, dO));
+    if (threadIdx.x % 32 == 0) Delta[r] = delta;
+    float2* row = reinterpret_cast<float2*>(dQaccum + r * D);
+#pragma unroll
+    for (int c = threadIdx.x % 32; c < D / 2; c += 32) row[c] = make_float2(0.0f, 0.0f);
+}
+
+// dQ = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D, a multiple of 4).
+template <bool BF16>
+__global__ void mma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned short* __restrict__ dQ, long long n,
+                                 float softmax_scale) {
+    const long long e = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (e >= n) return;
+    const float4 a = *reinterpret_cast<const float4*>(dQaccum + e);
+    *reinterpret_cast<uint2*>(dQ + e) = make_uint2(ptx::pack2<BF16>(a.x * softmax_scale, a.y * softmax_scale),
+                                                   ptx::pack2<BF16>(a.z * softmax_scale, a.w * softmax_scale));
+}
+
 // dK_j, dV_j for one tile of Bc = 16 NWARPS keys (warp w: keys 16w .. 16w + 15) of K/V head blockIdx.y
 // (= b Hk + hk; grid (ceil(Nk / Bc) * NCOL, B * Hk)), looping over the group's query heads bh = blockIdx.y * group + g,
 // g = 0 .. group - 1, and for each over the tiles of Br queries that see any of the keys: queries
@@ -91,14 +184,16 @@ __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const u
 // D = 256: a warp's 16 rows of dK_j and dV_j would be 256 fp32 registers per thread, more than a thread has. The
 // block then owns DC = 128 of their columns (NCOL = D / DC blocks per K/V tile, blockIdx.x = tile * NCOL + column
 // block): it still computes S^T and dP^T over all of D, so those two products run twice, once per half.
-template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
-__global__ void __launch_bounds__(NWARPS * 32)
-    mma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
-                 const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
-                 const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
-                 unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
-                 int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
-    using namespace mma_bwd_detail;
+// DQ (mma_bwd_fused): also dQ_i += dS_ij K_j into dQaccum for every tile pair (add_dq above).
+namespace mma_bwd_detail {
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
+__device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                                           const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                                           const float* __restrict__ LSE, const float* __restrict__ Delta,
+                                           unsigned short* __restrict__ dK, unsigned short* __restrict__ dV,
+                                           float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                                           int window_left, int window_right, int group, float dropout_p,
+                                           unsigned seed_lo, unsigned seed_hi) {
     constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
     constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per tile
     extern __shared__ __align__(128) unsigned char smem[];
@@ -108,6 +203,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
     float* sL = reinterpret_cast<float*>(smem + Layout::BYTES);  // 2 x Br: lse in log2 units
     float* sDl = sL + 2 * Br;                                     // 2 x Br: Delta
+    const unsigned sdS = smem_u32(sDl + 2 * Br);                  // DQ: dS_ij^T (Bc, Br), 16-bit (DsTile)
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32;
@@ -150,6 +246,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
             mma_ab<D, Br / 16, BF16, DC>(dv, a, db, 0, col0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
             pack_a<Br / 8, BF16>(a, dS_ij);
             mma_ab<D, Br / 16, BF16, DC>(dk, a, qb, 0, col0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
+            if constexpr (DQ) {  // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sdS is rewritten)
+                store_ds<Br>(sdS, wkey, a);
+                __syncthreads();
+                add_dq<D, NWARPS, Br, DC, BF16>(dQaccum + bh * Nq * D, sdS, sK, i0, Nq, col0);
+            }
         });
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
         // the next query head (stream_loop has waited for its copies and synced after its last tile: the
@@ -162,6 +263,34 @@ __global__ void __launch_bounds__(NWARPS * 32)
     const float softmax_scale = scale_log2 * FA_LN2;
     store_rows<D, BF16, DC>(dK + bkv * Nk * D, dk, k0 + wkey, Nk, softmax_scale, col0);  // dK_j = softmax_scale * dS^T Q
     store_rows<D, BF16, DC>(dV + bkv * Nk * D, dv, k0 + wkey, Nk, 1.0f, col0);
+}
+}  // namespace mma_bwd_detail
+
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
+__global__ void __launch_bounds__(NWARPS * 32)
+    mma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                 const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                 const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
+                 unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
+                 int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
+    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, false>(
+        Q, K, V, dO, LSE, Delta, dK, dV, nullptr, Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
+        seed_lo, seed_hi);
+}
+
+// The one-kernel backward: mma_bwd_dkdv's blocks, grid and shared memory (+ the dS tile, DsTile), and every tile
+// pair's dQ_i += dS_ij K_j added into dQaccum (float32 (B Hq, Nq, D), zeroed by mma_bwd_fused_preprocess).
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
+__global__ void __launch_bounds__(NWARPS * 32)
+    mma_bwd_fused(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
+                  const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
+                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
+                  unsigned short* __restrict__ dV, float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                  int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
+                  unsigned seed_hi) {
+    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, true>(
+        Q, K, V, dO, LSE, Delta, dK, dV, dQaccum, Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
+        seed_lo, seed_hi);
 }
 
 // dQ_i for one tile of Br = 16 NWARPS queries (warp w: queries 16w .. 16w + 15), looping over the tiles of Bc
@@ -255,6 +384,24 @@ __global__ void __launch_bounds__(NWARPS * 32)
                                                                     const float*, const float*, unsigned short*,  \
                                                                     unsigned short*, int, int, float, int, int,   \
                                                                     int, float, unsigned, unsigned);
+#define FA_MMA_FUSED_PARAMS                                                                                    \
+    (const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*, const float*,     \
+     const float*, unsigned short*, unsigned short*, float*, int, int, float, int, int, int, float, unsigned, unsigned)
+#define FA_MMA_FUSED_INST(D, T, BF)                                                                                 \
+    template __global__ void mma_bwd_fused_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*, \
+                                                             float*, long long);                                    \
+    template __global__ void mma_bwd_fused<D, 4, T, BF> FA_MMA_FUSED_PARAMS;                                        \
+    template __global__ void mma_bwd_fused<D, 4, T, BF, true> FA_MMA_FUSED_PARAMS;                                  \
+    template __global__ void mma_bwd_fused<D, 4, T, BF, false, true> FA_MMA_FUSED_PARAMS;                           \
+    template __global__ void mma_bwd_fused<D, 4, T, BF, true, true> FA_MMA_FUSED_PARAMS;
+template __global__ void mma_bwd_dq_store<false>(const float*, unsigned short*, long long, float);
+template __global__ void mma_bwd_dq_store<true>(const float*, unsigned short*, long long, float);
+FA_MMA_FUSED_INST(64, 64, false)
+FA_MMA_FUSED_INST(64, 64, true)
+FA_MMA_FUSED_INST(128, 64, false)
+FA_MMA_FUSED_INST(128, 64, true)
+FA_MMA_FUSED_INST(256, 32, false)
+FA_MMA_FUSED_INST(256, 32, true)
 FA_MMA_BWD_INST(64, 64, false)
 FA_MMA_BWD_INST(64, 64, true)
 FA_MMA_BWD_INST(128, 64, false)
