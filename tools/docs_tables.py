@@ -699,6 +699,35 @@ def variants_figures(R):
     ]
 
 
+def mma_backward_figures(R):
+    """The mma rung's two backwards (kernel 'mma', two kernels; 'mma-fused', one kernel with atomic dQ) beside FA2,
+    from cuda/mma_backward/backward_kernels.json (tools/cuda_backward_kernels.py --mma-only)."""
+    rows = R.json("cuda/mma_backward/backward_kernels.json")["rows"]
+    fused = span([r["tflops"]["mma-fused"] / r["tflops"]["mma"] for r in rows], f2, "×")
+    fa2 = span([r["tflops"]["sdpa-flash"] / max(r["tflops"]["mma"], r["tflops"]["mma-fused"]) for r in rows
+                if r["N"] >= 4096], f2, "×")
+    return [
+        ("docs/performance.md", f"products per tile pair instead of 7 and is {fused} the two kernels"),
+        ("docs/performance.md", f"FA2 is {fa2} the faster of the two (N ≥ 4096)"),
+        ("docs/backend_cuda.md", f"{fused} the two kernels (FA2: {fa2} the faster"),
+    ]
+
+
+def triton_descriptor_figures(R):
+    """backend_triton.md's figures of the tensor-descriptor forward (tools/triton_descriptor_probe.py)."""
+    rows = R.json("triton/descriptors/descriptor_probe.json")["rows"]
+
+    def best(r, ws):
+        return max(v for k, v in r.items() if k.startswith("desc") and isinstance(v, float) and k.endswith(" ws") == ws)
+
+    def gain(D):
+        return span([best(r, False) / r["triton (ours)"] for r in rows if r["D"] == D], f2, "×")
+
+    ws = span([best(r, True) / best(r, False) for r in rows], f2, "×")
+    return [("docs/backend_triton.md", f"{gain(64)} this kernel at D = 64 and {gain(128)} at D = 128"),
+            ("docs/backend_triton.md", f"on its K/V loop changes that by {ws} on Hopper")]
+
+
 def backward_kernel_figures(R):
     """The one-kernel and warp-specialised wgmma backwards in performance.md §7 and backend_cuda.md, from
     backward_kernels.json (the kernels alone) and hopper_summary.json (beside FA2 and cuDNN)."""
@@ -768,7 +797,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_descriptor_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
