@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# label -> (backend, mode, dtype, B, H, N, D, causal)
+# label -> (backend, mode, dtype, B, H, N, D, causal[, dropout_p])
 PROFILES = {
     "cuda-naive-fwd-d64": ("cuda-naive", "fwd", "float32", 1, 8, 1024, 64, False),
     "cuda-tiled-fwd-d64": ("cuda-tiled", "fwd", "float32", 1, 8, 1024, 64, False),
@@ -54,6 +54,12 @@ PROFILES = {
     "triton-bwd-d128": ("triton", "bwd", "float16", 4, 16, 4096, 128, False),
     "sdpa-flash-fwd-d128": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 128, False),
     "sdpa-cudnn-fwd-d128": ("sdpa-cudnn", "fwd", "float16", 4, 16, 4096, 128, False),
+    # dropout (p = 0.1): the keep mask drawn per score (tl.rand's Philox, bit for bit), beside the same call without
+    # it and SDPA's FA2 with and without its own dropout
+    "cuda-wgmma-ws-fwd-d64-dropout": ("cuda-wgmma-ws", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
+    "triton-fwd-d64-dropout": ("triton", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
+    "sdpa-flash-fwd-d64": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False),
+    "sdpa-flash-fwd-d64-dropout": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
 }
 
 SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables"]
@@ -64,6 +70,9 @@ EXTRA = [
     "sm__pipe_fma_cycles_active",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st",
     "l1tex__t_bytes_pipe_lsu_mem_local_op_ld", "l1tex__t_bytes_pipe_lsu_mem_local_op_st",
+    # the scalar pipes: ALU (integer and logic ops but multiplies: LOP3, shifts, compares), FMA-heavy (fp32 FMAs
+    # and the integer multiplies, IMAD), XU (transcendentals and conversions: exp2, int -> float)
+    "sm__pipe_alu_cycles_active", "sm__pipe_fmaheavy_cycles_active", "sm__pipe_xu_cycles_active",
 ]
 
 
@@ -76,19 +85,21 @@ def _call(label):
     from flash_attention_py import make_inputs
     from flash_attention_py.common import attention_flops
 
-    backend, mode, dtype, B, H, N, D, causal = PROFILES[label]
+    backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
+    p = rest[0] if rest else 0.0  # dropout_p
+    drop = dict(dropout_p=p, dropout_seed=1234) if p else {}
     x = make_inputs(B, H, N, N, D, dtype=dtype, kind="torch", device="cuda", with_grad=(mode == "bwd"))
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
     if backend.startswith("cuda-"):
         from flash_attention_cuda import flash_attn_cuda
 
         def forward():
-            return flash_attn_cuda(q, k, v, causal=causal, kernel=backend[len("cuda-"):])
+            return flash_attn_cuda(q, k, v, causal=causal, kernel=backend[len("cuda-"):], **drop)
     elif backend == "triton":
         from flash_attention_triton import flash_attn_triton
 
         def forward():
-            return flash_attn_triton(q, k, v, causal=causal)
+            return flash_attn_triton(q, k, v, causal=causal, **drop)
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -96,7 +107,7 @@ def _call(label):
 
         def forward():
             with sdpa_kernel(pin):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p)
 
     flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode)
     if mode == "fwd":
@@ -179,6 +190,9 @@ def summarise(kernel) -> dict:
         "tensor_pipe_pct": best[1],
         "tensor_pipe_metric": best[0],
         "fma_pipe_pct": _pick(m, u, "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"),
+        "alu_pipe_pct": _pick(m, u, "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
+        "fmaheavy_pipe_pct": _pick(m, u, "sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active"),
+        "xu_pipe_pct": _pick(m, u, "sm__pipe_xu_cycles_active.avg.pct_of_peak_sustained_active"),
         "sm_throughput_pct": _pick(m, u, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         "dram_throughput_pct": _pick(m, u, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                                      "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
@@ -206,6 +220,12 @@ def limiter(k) -> str:
     if tensor is not None and tensor >= 60:
         return f"tensor cores busy ({tensor:.0f}% of peak): compute-bound, as a FlashAttention kernel should be{spill}"
     l1 = k.get("l1_shared_throughput_pct") or 0
+    scalar = max(((k.get(key) or 0, name) for key, name in (("alu_pipe_pct", "ALU (integer and logic)"),
+                                                            ("fmaheavy_pipe_pct", "FMA-heavy (fp32 and integer multiply)"),
+                                                            ("xu_pipe_pct", "XU (exp2, conversions)"))))
+    if scalar[0] >= 60 and (tensor is None or tensor < 60):
+        return (f"the {scalar[1]} pipe {scalar[0]:.0f}% busy with the tensor pipe {tensor or 0:.0f}%: bound by scalar "
+                f"work between the matrix products{spill}")
     if dram >= 60:
         return f"memory-bound: DRAM at {dram:.0f}% of peak{spill}"
     if l1 >= 60 and (tensor is None or tensor < 60):
@@ -273,9 +293,9 @@ def main() -> int:
         kernels = [dict(summarise(k), raw={name: value for name, value in k["metrics"].items()
                                            if "__" in name and _num(value) is not None}) for k in parsed]
         total_us = sum(k["time_us"] for k in kernels)
-        backend, mode, dtype, B, H, N, D, causal = PROFILES[label]
+        backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
         entry = {"label": label, "backend": backend, "mode": mode, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
-                 "causal": causal, "time_us": total_us,
+                 "causal": causal, "dropout_p": rest[0] if rest else 0.0, "time_us": total_us,
                  "tflops": (flops / (total_us * 1e-6) / 1e12) if flops and total_us else None,
                  "kernels": kernels}
         main_kernel = max(kernels, key=lambda k: k["time_us"]) if kernels else None
@@ -303,15 +323,16 @@ def _fmt(v, spec=".0f"):
 def render_markdown(env, results) -> str:
     lines = [f"# Nsight Compute profiles ({env['gpu']}, commit {env['commit']})", "",
              "One call per row, after warm-up; the kernel columns are those of the call's longest kernel.", "",
-             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | DRAM % | L1/shared % | L2 % | occupancy % | regs | spill bytes | smem bank conflicts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | ALU % | FMA-heavy % | XU % | DRAM % | L1/shared % | L2 % | occupancy % | regs | spill bytes | smem bank conflicts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['label']} | failed | | | | | | | | | | | |")
+            lines.append(f"| {r['label']} | failed | | | | | | | | | | | | | | |")
             continue
         k = max(r["kernels"], key=lambda k: k["time_us"])
         lines.append(f"| {r['label']} | {_fmt(r['tflops'])} | {_fmt(r['time_us'])} | `{k['kernel'][:40]}` | "
-                     f"{_fmt(k['tensor_pipe_pct'])} | {_fmt(k['fma_pipe_pct'])} | {_fmt(k['dram_throughput_pct'])} | "
+                     f"{_fmt(k['tensor_pipe_pct'])} | {_fmt(k['fma_pipe_pct'])} | {_fmt(k.get('alu_pipe_pct'))} | "
+                     f"{_fmt(k.get('fmaheavy_pipe_pct'))} | {_fmt(k.get('xu_pipe_pct'))} | {_fmt(k['dram_throughput_pct'])} | "
                      f"{_fmt(k.get('l1_shared_throughput_pct'))} | {_fmt(k.get('l2_throughput_pct'))} | "
                      f"{_fmt(k['achieved_occupancy_pct'])} | {_fmt(k['registers_per_thread'])} | {_fmt(k['local_bytes'])} | "
                      f"{_fmt(k['smem_bank_conflicts'])} |")
