@@ -713,6 +713,22 @@ def mma_backward_figures(R):
     ]
 
 
+def dropout_profile_figures(R):
+    """performance.md §9's reading of the dropout profiles (cuda/ncu-dropout/profiles.json, tools/ncu_profile.py)."""
+    prof = {p["label"]: max(p["kernels"], key=lambda k: k["time_us"]) for p in R.json("cuda/ncu-dropout/profiles.json")["profiles"]}
+
+    def pct(label, key):
+        return f"{prof[label][key]:.0f} %"
+
+    ws, tri, fa = "cuda-wgmma-ws-fwd-d64", "triton-fwd-d64-dropout", "sdpa-flash-fwd-d64-dropout"
+    return [("docs/performance.md",
+             f"is {pct(ws + '-dropout', 'fmaheavy_pipe_pct')} busy in cuda-wgmma-ws and {pct(tri, 'fmaheavy_pipe_pct')} in "
+             f"Triton, and the tensor pipe {pct(ws + '-dropout', 'tensor_pipe_pct')}, against "
+             f"{pct(ws, 'fmaheavy_pipe_pct')} and {pct(ws, 'tensor_pipe_pct')} for\n  cuda-wgmma-ws without dropout; SDPA's "
+             f"FA2 with its dropout keeps the tensor pipe {pct(fa, 'tensor_pipe_pct')} busy and the FMA-heavy\n  pipe "
+             f"{pct(fa, 'fmaheavy_pipe_pct')}")]
+
+
 def triton_descriptor_figures(R):
     """backend_triton.md's figures of the tensor-descriptor forward (tools/triton_descriptor_probe.py)."""
     rows = R.json("triton/descriptors/descriptor_probe.json")["rows"]
@@ -797,7 +813,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_descriptor_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
