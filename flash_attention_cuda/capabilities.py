@@ -2,9 +2,9 @@
 
     CAPABILITIES     'cuda-naive', 'cuda-tiled', 'cuda-mma', 'cuda-wgmma', 'cuda-wgmma-ws' -> Capability (the forward
                      kernels)
-    BACKWARD         'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'tiled' -> Capability (the backward kernels:
+    BACKWARD         'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'mma-fused', 'tiled' -> Capability (the backward kernels:
                      wgmma_backward.cu (two kernels, or one with dQ summed atomically, or that one warp-specialised),
-                     mma_backward.cu, backward.cu)
+                     mma_backward.cu (two kernels, or one with dQ summed atomically), backward.cu)
     TENSOR_CORE_BACKWARDS  the backward kernels on tensor cores (every variant)
     is_hopper(cc)    the one decision "is this GPU a Hopper (compute capability 9.0, sm_90a)?"
     has_mma(cc)      compute capability >= 8.0: mma.sync m16n8k16 for fp16 and bf16

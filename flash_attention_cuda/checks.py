@@ -18,7 +18,7 @@ from .capabilities import (BACKWARD, CAPABILITIES, HOPPER_FORWARD, KERNEL_OF, TE
 
 RUNGS = {KERNEL_OF[name]: cap for name, cap in CAPABILITIES.items()}  # 'naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'
 KERNELS = tuple(RUNGS)
-BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'wgmma-fused', 'mma', 'tiled')
+BACKWARD_KERNELS = ("auto",) + tuple(BACKWARD)  # ('auto', 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'mma-fused', 'tiled')
 MAX_GRID_Y = 65535  # gridDim.y limit: the grids are (query or key blocks, B * H)
 # the fields of a forward tile config, per kernel that takes one (launch_specs.MMA_CONFIGS, WGMMA_CONFIGS)
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "m16 tiles per warp"), "wgmma": ("Bc", "warpgroups"),
@@ -118,7 +118,8 @@ def check_forward_cached(q, k, v, *, fn: str, **kw):
 def check_backward(q, k, v, o, lse, do, *, causal, softmax_scale, kernel, fn: str, window_size=FULL, dropout_p=0.0,
                     dropout_seed=None):
     """Every check of a backward call -> (q, k, v, o, do without lazy views, softmax_scale, the backward kernel
-    ('wgmma', 'wgmma-fused', 'mma' or 'tiled'; 'auto' resolved by capabilities.auto_backward), window, dropout)."""
+    ('wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'mma-fused' or 'tiled'; 'auto' resolved by
+    capabilities.auto_backward), window, dropout)."""
     window = resolve_window(causal, window_size, fn=fn)
     dropout = check_dropout(dropout_p, dropout_seed, fn=fn)
     dims = check_qkv(q, k, v, fn=fn, kinds=("torch", "cupy"), gqa=True)
