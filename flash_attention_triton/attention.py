@@ -33,7 +33,7 @@ DTYPES = CAPABILITY.dtypes  # dtype names per device ('cpu' only under the inter
 
 
 class FlashAttnTritonFunction(torch.autograd.Function):
-    """autograd.Function: forward kernel; backward = preprocess + dK/dV kernel + dQ kernel.
+    """autograd.Function: forward kernel; backward = dQ kernel (with Delta) + dK/dV kernel.
 
         FlashAttnTritonFunction.apply(q, k, v, causal, scale, window_size=(-1, -1), dropout_p=0.0,
                                       dropout_seed=None) -> (o, lse)

@@ -1,10 +1,15 @@
-"""The FlashAttention-2 backward in three Triton kernels.
+"""The FlashAttention-2 backward in two Triton kernels, launched in this order.
 
-1. ``attn_bwd_preprocess``: Delta_i = rowsum(dO_i * O_i)        (B, H, Nq) float32
+1. ``attn_bwd_dq_kernel``: one program per Q block Q_i; first Delta_i = rowsum(dO_i * O_i) for its rows
+   ((B, H, Nq) float32, stored for kernel 2), then loops over the K/V blocks it sees and accumulates dQ_i on
+   chip (no atomics).
 2. ``attn_bwd_dkdv_kernel``: one program per K/V block K_j, V_j; loops over the Q blocks that see it
-   and accumulates dK_j and dV_j on chip (no atomics).
-3. ``attn_bwd_dq_kernel``: one program per Q block Q_i; loops over the K/V blocks it sees and
-   accumulates dQ_i on chip (no atomics).
+   and accumulates dK_j and dV_j on chip (no atomics), reading the Delta that kernel 1 stored.
+
+Delta has no kernel of its own (FlashAttention-2 and -3 give it a preprocessing kernel): the dQ program holds
+dO_i already and reads O_i once more, and every row of Delta is ready before the dK/dV kernel starts. One launch
+fewer, and the first launch is a long one, which matters at small N, where the host's time per call is as long
+as the GPU's.
 
 Both main kernels recompute P_ij = exp(S_ij * scale - lse_i) = exp2(S_ij * scale * log2(e) - lse_i * log2(e))
 from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) matrix P is never stored:
@@ -33,33 +38,13 @@ Dropout (DROPOUT constexpr): the keep mask Z is drawn again from the seed, exact
 
     dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
     dP_ij = (dO_i V_j^T) * Z_ij / (1 - p)
-    dS_ij = P_ij * (dP_ij - Delta_i)            (Delta_i = rowsum(dO_i * O_i) as before)
+    dS_ij = P_ij * (dP_ij - Delta_i)            (Delta_i = rowsum(dO_i * O_i) as before: O is the dropped output)
 """
 import triton
 import triton.language as tl
 
 from .masks import kv_blocks, q_blocks, visible
 from .tiles import _LN2, _LOG2E, head_ptrs, load_rows, load_tile, program_rows, store_rows
-
-
-@triton.jit(do_not_specialize=["H", "Nq"])
-def attn_bwd_preprocess(
-    O, DO, DELTA,
-    stride_dob, stride_doh, stride_don, stride_dod,
-    H, Nq,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """Delta (B, H, Nq) float32 contiguous = rowsum(dO * O); O contiguous. Grid: (cdiv(Nq, BLOCK_M), B * H)."""
-    start_m, pid_bh, off_b, off_h = program_rows(H, BLOCK_M, False)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = load_tile(O + pid_bh.to(tl.int64) * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
-                  offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = load_rows(DO, off_b, off_h, stride_dob, stride_doh, stride_don, stride_dod, offs_m, Nq, offs_d,
-                   HEAD_DIM, BLOCK_D)
-    # Delta_i = rowsum(dO_i * O_i)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
 
 
 @triton.jit
@@ -224,29 +209,33 @@ def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m
 
 @triton.jit(do_not_specialize=["H", "Nq", "Nk", "dropout_seed"])
 def attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, O, DO, LSE, DELTA, DQ,
     stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
     H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """dQ_i for one Q block (Br = BLOCK_M queries) of one (batch, head) per program.
+    """Delta_i and dQ_i for one Q block (Br = BLOCK_M queries) of one (batch, head) per program.
 
-    K, V (B, H // group, Nk, HEAD_DIM): query head h reads K/V head h // group.
-    DQ (B, H, Nq, HEAD_DIM) contiguous. Grid: (cdiv(Nq, BLOCK_M), B * H).
+    K, V (B, H // group, Nk, HEAD_DIM): query head h reads K/V head h // group. O, DQ (B, H, Nq, HEAD_DIM)
+    contiguous; DELTA (B, H, Nq) float32 contiguous, written here. Grid: (cdiv(Nq, BLOCK_M), B * H).
     """
     start_m, pid_bh, off_b, off_h = program_rows(H, BLOCK_M, WINDOW_RIGHT >= 0)  # the heaviest Q blocks first
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
-    # load Q_i, dO_i (Br, D), lse_i, Delta_i (Br) once
+    # load Q_i, dO_i (Br, D), lse_i (Br) once
     q = load_rows(Q, off_b, off_h, stride_qb, stride_qh, stride_qn, stride_qd, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D)
     do = load_rows(DO, off_b, off_h, stride_dob, stride_doh, stride_don, stride_dod, offs_m, Nq, offs_d,
                    HEAD_DIM, BLOCK_D)
     lse2 = lse_base2(tl.load(LSE + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0))
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    # Delta_i = rowsum(dO_i * O_i), stored for the dK/dV kernel (launched after this one)
+    o = load_tile(O + pid_bh.to(tl.int64) * Nq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+                  offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * Nq + offs_m, delta, mask=offs_m < Nq)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     off_hk = off_h // group  # grouped-query attention: the K/V head of query head off_h

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 
 # fixed configs under the interpreter: kernel -> (BLOCK_M, BLOCK_N)
-INTERPRETER = {"fwd": (64, 32), "dkdv": (32, 64), "dq": (64, 32), "pre": (64, 0)}
+INTERPRETER = {"fwd": (64, 32), "dkdv": (32, 64), "dq": (64, 32)}
 
 AUTOTUNE_MIN_N = 1024
 

@@ -19,6 +19,7 @@ so dropout_p = 0 runs the plain kernels. The softmax scale reaches every kernel 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,7 +28,7 @@ from flash_attention_py import masks
 from flash_attention_py.validation import resolve_lazy
 
 from . import configs as C
-from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
+from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from .capabilities import interpreter_on
 from .forward_kernel import attn_fwd_kernel
 from .tiles import LOG2E
@@ -164,15 +165,22 @@ def _driver():
     return triton.runtime.driver.active
 
 
-def _run(jit_fn, grid: tuple, tensors: tuple, ints: tuple, tail: tuple, consts: dict) -> None:
+def _hooks_on() -> bool:
+    """Is a launch hook (a profiler such as proton) set? Then every launch goes through Triton's own path."""
+    knobs = getattr(triton, "knobs", None)
+    return knobs is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
+
+
+def _run(jit_fn, grid: tuple, tensors: tuple, ints: tuple, tail: tuple, consts: dict):
     """Launch ``jit_fn[grid](*tensors, *ints, *tail, **consts)``: the kernel's arguments in its order, tensors
     first, then the ints it may specialise on (strides, sizes), then ``tail`` (floats, and the dropout seed, an
-    int it does not specialise on). consts: its constexprs and the options (num_warps, num_stages)."""
-    knobs = getattr(triton, "knobs", None)
-    hooked = knobs is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
-    if INTERPRETED or hooked:
+    int it does not specialise on). consts: its constexprs and the options (num_warps, num_stages).
+
+    Returns the launch's cache entry (compiled kernel, constexpr values), or None where the launch went through
+    Triton's own path and left none (the interpreter, a launch hook, a kernel Triton did not hand back)."""
+    if INTERPRETED or _hooks_on():
         jit_fn[grid](*tensors, *ints, *tail, **consts)
-        return
+        return None
     driver = _driver()
     device = driver.get_current_device()
     key = (jit_fn, device, tuple([t.dtype for t in tensors]), tuple([t.data_ptr() % 16 == 0 for t in tensors]),
@@ -184,11 +192,20 @@ def _run(jit_fn, grid: tuple, tensors: tuple, ints: tuple, tail: tuple, consts: 
             if len(_COMPILED) >= _COMPILED_MAX:
                 _COMPILED.clear()
             n = len(tensors) + len(ints) + len(tail)
-            _COMPILED[key] = (compiled, tuple(consts[name] for name in jit_fn.arg_names[n:]))
-        return
-    compiled, constexprs = hit
-    g = tuple(grid) + (1,) * (3 - len(grid))
-    compiled.run(g[0], g[1], g[2], driver.get_current_stream(device), compiled.function, compiled.packed_metadata,
+            hit = _COMPILED[key] = (compiled, tuple(consts[name] for name in jit_fn.arg_names[n:]))
+        return hit
+    _go(hit, _grid3(grid), ints, driver.get_current_stream(device), tensors, tail)
+    return hit
+
+
+def _grid3(grid: tuple) -> tuple:
+    return tuple(grid) + (1,) * (3 - len(grid))
+
+
+def _go(entry, grid3: tuple, ints: tuple, stream, tensors: tuple, tail: tuple) -> None:
+    """Launch a cached compiled kernel (an entry of _COMPILED) directly, on ``stream``, over ``grid3``."""
+    compiled, constexprs = entry
+    compiled.run(grid3[0], grid3[1], grid3[2], stream, compiled.function, compiled.packed_metadata,
                  None, None, None, *tensors, *ints, *tail, *constexprs)
 
 
@@ -211,6 +228,7 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
 
     ``config`` (BLOCK_M, BLOCK_N[, num_warps, num_stages]) forces a config (tests use it). args: the first
     ``n_tensors`` are tensors, the last ``n_tail`` floats and the seed, ints between (``_run``).
+    Returns what a call plan replays, (cache entry, grid, ints), or None (a tuning launch; see ``_run``).
     """
     block_of = (lambda meta: meta["BLOCK_N"]) if kernel == "dkdv" else (lambda meta: meta["BLOCK_M"])
     if config is None:
@@ -228,14 +246,15 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
                 tuner[grid](*args, **consts)
                 best = tuner.best_config
                 _PLAN[plan_key] = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages)
-                return
+                return None
     BM, BN = config[0], config[1]
     extra = {} if INTERPRETED else {"num_warps": config[2] if len(config) > 2 else 4,
                                     "num_stages": config[3] if len(config) > 3 else 2}
     meta = {"BLOCK_M": BM, "BLOCK_N": BN}
     args = tuple(args)
-    _run(_JIT[kernel], (_cdiv(grid_rows, block_of(meta)), BH), args[:n_tensors],
-         args[n_tensors:len(args) - n_tail], args[len(args) - n_tail:], dict(consts, **meta, **extra))
+    grid, ints = (_cdiv(grid_rows, block_of(meta)), BH), args[n_tensors:len(args) - n_tail]
+    entry = _run(_JIT[kernel], grid, args[:n_tensors], ints, args[len(args) - n_tail:], dict(consts, **meta, **extra))
+    return None if entry is None else (entry, _grid3(grid), ints)
 
 
 _SM_COUNT = {}
@@ -277,14 +296,10 @@ def _dot_prec(q) -> str:
     return FP32_PRECISION if q.dtype == torch.float32 else "tf32"  # (ignored for fp16/bf16 operands)
 
 
-def _consts(q, window, dropout_p: float = 0.0) -> dict:
-    """The constexprs of the forward, dK/dV and dQ kernels: head dim, mask window, dropout on/off, padded head
-    dim, dot precision. One dict per distinct answer, shared: callers must not change it."""
-    return _consts_of(q.shape[-1], _window(window), bool(dropout_p > 0), _dot_prec(q))
-
-
 @functools.lru_cache(maxsize=256)
 def _consts_of(D: int, window: tuple, dropout: bool, dot_prec: str) -> dict:
+    """The constexprs of the forward, dK/dV and dQ kernels: head dim, mask window, dropout on/off, padded head
+    dim, dot precision. One dict per distinct answer, shared: callers must not change it."""
     return dict(HEAD_DIM=D, WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1], DROPOUT=dropout, BLOCK_D=_block_d(D),
                 DOT_PREC=dot_prec)
 
@@ -303,23 +318,70 @@ def dropout_args(dropout_p: float = 0.0, dropout_seed=None) -> tuple:
     return (p, int(dropout_seed) % 2**64)
 
 
+# ----------------------------------------------------------------------------- call plans
+# A call repeats the same host work for the same problem: the int32 fit of each input, the dK/dV split, the
+# config lookups, the launch keys of _run. The first call that finds every launch in _COMPILED leaves a call plan,
+# its launches (cache entry, grid, ints), under a key of what decides them: the inputs' shapes, strides, dtype and
+# 16-byte alignment, the current device, the mask window and the dropout arguments' kinds. A later call with that
+# key allocates its outputs and launches the plan's kernels directly: about a third of the host time of the full
+# path (tools/host_profile.py --triton). Not under the interpreter, with a forced config, or with a launch hook.
+_CALLS: dict = {}
+_CALLS_MAX = 1024
+
+
+def _call_key(kind: str, tensors: tuple, window: tuple, drop: tuple):
+    """The key of a call plan, or None where calls take the full path (interpreter, launch hook)."""
+    if INTERPRETED or _hooks_on():
+        return None
+    return (kind, _driver().get_current_device(), tensors[0].dtype, tensors[0].device, window,
+            drop[0] > 0.0, _int_kind(drop[1]),
+            tuple([t.shape for t in tensors]), tuple([t.stride() for t in tensors]),
+            tuple([t.data_ptr() % 16 == 0 for t in tensors]))
+
+
+def _keep_plan(key, plan) -> None:
+    if len(_CALLS) >= _CALLS_MAX:
+        _CALLS.clear()
+    _CALLS[key] = plan
+
+
 def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0.0, dropout_seed=None):
     """o (B, H, Nq, D) in q's dtype and lse (B, H, Nq) float32 of checked inputs; window = (left, right) or causal.
 
     k, v may have Hk heads, H % Hk == 0 (grouped-query attention). With dropout_p > 0, O is that of the
     dropped, rescaled weights and lse that of the softmax before dropout.
     """
+    window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
+    key = None if config is not None else _call_key("fwd", (q, k, v), window, drop)
+    plan = _CALLS.get(key)
+    if plan is not None:  # the launch of an earlier call like this one, directly
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        entry, grid, ints = plan
+        _go(entry, grid, ints, _driver().get_current_stream(key[1]), (q, k, v, o, lse),
+            (*scale_args(scale), *drop))
+        return o, lse
+    q0, k0, v0 = q, k, v
     q, k, v = (_fit_int32(x, n) for x, n in zip((q, k, v), ("q", "k", "v")))  # int32 row offsets must not wrap
     B, H, Nq, D = q.shape
     Nk, group = k.shape[2], H // k.shape[1]
     o = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, Nq, D), contiguous
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    consts = _consts(q, window, dropout_p)
-    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), H, group, Nq, Nk, *scale_args(scale),
-            *dropout_args(dropout_p, dropout_seed))
-    _launch("fwd", Nq, B * H, args, consts, Nq=Nq, Nk=Nk, block_d=consts["BLOCK_D"], elem=q.element_size(),
-            group=group, config=config, n_tensors=5, n_tail=3)
+    consts = _consts_of(D, window, drop[0] > 0.0, _dot_prec(q))
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), H, group, Nq, Nk, *scale_args(scale), *drop)
+    launch = _launch("fwd", Nq, B * H, args, consts, Nq=Nq, Nk=Nk, block_d=consts["BLOCK_D"], elem=q.element_size(),
+                     group=group, config=config, n_tensors=5, n_tail=3)
+    if key is not None and launch is not None and all(a is b for a, b in zip((q, k, v), (q0, k0, v0))):
+        _keep_plan(key, launch)
     return o, lse
+
+
+class _BackwardPlan(NamedTuple):
+    """The launches of a backward call, in their order: dQ (and Delta), dK/dV; each (cache entry, grid, ints)."""
+
+    splits: int
+    dq: tuple
+    dkdv: tuple
 
 
 def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropout_p: float = 0.0, dropout_seed=None):
@@ -327,37 +389,68 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
 
     dk, dv are (B, Hk, Nk, D): with grouped-query attention, each sums the gradients of its group's query
     heads. dropout_p and dropout_seed must be the forward's (the keep mask is drawn again from them).
+    o (the forward's output) and lse are contiguous.
     """
     do = resolve_lazy(do)  # an upstream gradient can be a conj/neg view too: the kernels read raw memory
-    q, k, v, do = (_fit_int32(x, n) for x, n in zip((q, k, v, do), ("q", "k", "v", "do")))  # int32 row offsets
+    window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
+    key = None if configs else _call_key("bwd", (q, k, v, o, lse, do), window, drop)
+    plan = _CALLS.get(key)
+    if plan is None:
+        return _backward_full(q, k, v, o, lse, do, window, scale, configs or {}, drop, key)
+    B, H, Nq, D = q.shape
+    Hk, Nk = k.shape[1], k.shape[2]
+    stream = _driver().get_current_stream(key[1])
+    tail = (*scale_args(scale), *drop)
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _go(*plan.dq, stream, (q, k, v, o, do, lse, delta, dq), tail)  # the GPU starts while the host goes on
+    dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (k, v))
+    dk_out, dv_out = (dk, dv) if plan.splits == 1 else (
+        torch.empty((B, Hk * plan.splits, Nk, D), dtype=torch.float32, device=k.device) for _ in range(2))
+    _go(*plan.dkdv, stream, (q, k, v, do, lse, delta, dk_out, dv_out), tail)
+    if plan.splits > 1:
+        _sum_splits(dk, dv, dk_out, dv_out, plan.splits)
+    return dq, dk, dv
+
+
+def _sum_splits(dk, dv, dk_out, dv_out, splits: int) -> None:
+    """dK_j, dV_j = sums of the float32 partial sums of the dK/dV kernel's splits (B, Hk * splits, Nk, D)."""
+    B, Hk, Nk, D = dk.shape
+    for grad, part in ((dk, dk_out), (dv, dv_out)):
+        grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
+
+
+def _backward_full(q, k, v, o, lse, do, window, scale, configs, drop, key):
+    """The backward's two launches through _launch (configs, tuning, launch keys); leaves a call plan under
+    ``key`` (not None) when both went through the compiled-kernel cache."""
+    inputs = (q, k, v, do)
+    q, k, v, do = (_fit_int32(x, n) for x, n in zip(inputs, ("q", "k", "v", "do")))  # int32 row offsets
     B, H, Nq, D = q.shape
     Nk, Hk = k.shape[2], k.shape[1]
     group = H // Hk
-    consts = _consts(q, window, dropout_p)
-    drop = dropout_args(dropout_p, dropout_seed)
+    consts = _consts_of(D, window, drop[0] > 0.0, _dot_prec(q))
     block_d, elem = consts["BLOCK_D"], q.element_size()
-    configs = configs or {}
-    # 1. Delta_i = rowsum(dO_i * O_i)
-    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    BM_pre = C.INTERPRETER["pre"][0] if INTERPRETED else 128
-    _run(attn_bwd_preprocess, (_cdiv(Nq, BM_pre), B * H), (o, do, delta), (*do.stride(), H, Nq), (),
-         dict(HEAD_DIM=D, BLOCK_M=BM_pre, BLOCK_D=block_d))
-    # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
-    dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    # 1. Delta_i = rowsum(dO_i * O_i) and dQ_i: one program per Q block
+    dqs = _launch("dq", Nq, B * H, (q, k, v, o, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale),
+                                    *drop),
+                  consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"), n_tensors=8,
+                  n_tail=3)
     # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head, split), summing over its share of the group's
     #    query heads; with splits > 1 into float32 partial sums (B, Hk * splits, Nk, D), added up here
+    dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (k, v))
     splits = dkdv_splits(B, Hk, group, Nk, q.device)
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=k.device) for _ in range(2))
-    _launch("dkdv", Nk, B * Hk * splits, (q, k, v, do, lse, delta, dk_out, dv_out, *common, H, group, splits, Nq, Nk,
-                                          *scale_args(scale), *drop), consts,
-            Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"), n_tensors=8, n_tail=3)
-    if splits > 1:  # dK_j, dV_j = sums over the splits (each a sum over its share of the group)
-        for grad, part in ((dk, dk_out), (dv, dv_out)):
-            grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
-    # 3. dQ_i: one program per Q block
-    _launch("dq", Nq, B * H, (q, k, v, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale), *drop),
-            consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"), n_tensors=7,
-            n_tail=3)
+    dkdv = _launch("dkdv", Nk, B * Hk * splits, (q, k, v, do, lse, delta, dk_out, dv_out, *common, H, group, splits,
+                                                 Nq, Nk, *scale_args(scale), *drop), consts,
+                   Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dkdv"), n_tensors=8,
+                   n_tail=3)
+    if splits > 1:
+        _sum_splits(dk, dv, dk_out, dv_out, splits)
+    if key is not None and None not in (dqs, dkdv) and all(a is b for a, b in zip((q, k, v, do), inputs)):
+        _keep_plan(key, _BackwardPlan(splits, dqs, dkdv))
     return dq, dk, dv

@@ -270,6 +270,16 @@ def test_gpu_new_length_in_a_tuned_bucket_does_not_tune_again():
     ref = attention_reference(x["q"], x["k"], x["v"], causal=causal)
     assert_matches(o, ref, TOL["float16"], "o at N=1500 with the bucket's config")
 
+class FakeDriver:
+    """Triton's active driver as the launch tests see it: device 0, stream 77."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 77
+
+
 def test_launch_reuses_the_compiled_kernel_under_a_key_finer_than_its_specialisation(monkeypatch):
     """L._run calls Triton's launcher once per distinct key (tensors' dtypes and 16-byte alignment, every int's
     value, the floats' and the seed's types, the constexprs) and the compiled kernel directly after that; a launch
@@ -288,16 +298,9 @@ def test_launch_reuses_the_compiled_kernel_under_a_key_finer_than_its_specialisa
         def __getitem__(self, grid):
             return lambda *args, **kw: calls.append(("triton", grid, args, kw)) or Compiled()
 
-    class Driver:
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device):
-            return 77
-
     monkeypatch.setattr(L, "INTERPRETED", False)
     monkeypatch.setattr(L, "_COMPILED", {})
-    monkeypatch.setattr(L, "_driver", Driver)
+    monkeypatch.setattr(L, "_driver", FakeDriver)
     kernel, buf = Kernel(), torch.zeros(64, dtype=torch.float16)
     x, y = buf[:16], buf[16:32]  # 32-byte offsets: both 16-byte aligned
     consts = dict(BLOCK=64, FLAG=True, num_warps=4)
@@ -318,6 +321,118 @@ def test_launch_reuses_the_compiled_kernel_under_a_key_finer_than_its_specialisa
     assert launch(BLOCK=32) == "triton"
     monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
     assert launch() == "triton"
+
+
+def test_call_plans_replay_the_launches_of_an_earlier_call(monkeypatch):
+    """_forward and _backward leave a call plan once every launch is in the compiled-kernel cache; a later call
+    with the same shapes, strides, dtype, alignment, window and dropout kinds launches the plan's kernels directly
+    with the same grids and arguments (its own tensors). Anything else that changes a launch takes the full path.
+    On fake kernels and a fake driver (no GPU)."""
+    calls = []
+
+    class Compiled:
+        packed_metadata = "meta"
+
+        def __init__(self, name):
+            self.function = name
+
+        def run(self, *args):
+            calls.append(("direct", self.function, args[:3], args[9:]))
+
+    class Kernel:
+        def __init__(self, name, real):
+            self.name, self.arg_names = name, real.arg_names
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                calls.append(("triton", self.name, (grid[0], grid[1], 1), args))
+                return Compiled(self.name)
+            return launch
+
+    monkeypatch.setattr(L, "INTERPRETED", False)
+    for name in ("_COMPILED", "_CALLS"):
+        monkeypatch.setattr(L, name, {})
+    monkeypatch.setattr(L, "_driver", FakeDriver)
+    monkeypatch.setattr(L, "_JIT", {n: Kernel(n, f) for n, f in L._JIT.items()})
+    x = make_inputs(2, 4, 100, 90, 64, dtype="float16", device="cpu")
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    o, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+
+    def run(fn, *args, **kw):
+        calls.clear()
+        fn(*args, **kw)
+        return [c[0] for c in calls], [c[1:] for c in calls]
+
+    def same_launches(full, direct, n_tensors):
+        """The direct launches: the full path's kernels, grids, ints and tail (the output tensors are new)."""
+        assert [c[0] for c in full] == [c[0] for c in direct]
+        for (_, grid, args), (_, grid_d, args_d), n in zip(full, direct, n_tensors):
+            assert grid == grid_d and args[n:] == args_d[n:len(args)]
+            inputs = [i for i, a in enumerate(args[:n]) if any(a is t for t in (q, k, v, do, o, lse))]
+            assert inputs and all(args[i] is args_d[i] for i in inputs)
+
+    for window, drop in (((-1, 0), {}), ((3, 2), {"dropout_p": 0.25, "dropout_seed": 9})):
+        ways, full = run(L._forward, q, k, v, window, 0.125, **drop)
+        assert ways == ["triton"]
+        ways, direct = run(L._forward, q, k, v, window, 0.125, **drop)
+        assert ways == ["direct"]
+        same_launches(full, direct, [5])
+        ways, full = run(L._backward, q, k, v, o, lse, do, window, 0.125, **drop)
+        assert ways == ["triton"] * 2 and [c[0] for c in full] == ["dq", "dkdv"]  # dQ (and Delta) first
+        ways, direct = run(L._backward, q, k, v, o, lse, do, window, 0.125, **drop)
+        assert ways == ["direct"] * 2
+        same_launches(full, direct, [8, 8])
+    # the softmax scale and the seed are run-time arguments: the plan's launches with the new values
+    ways, direct = run(L._backward, q, k, v, o, lse, do, (3, 2), -0.5, dropout_p=0.5, dropout_seed=10)
+    tail = (-0.5 * L.LOG2E, 0.5, 10)
+    plain = [[a for a in args if not isinstance(a, torch.Tensor)] for _, _, args in direct]
+    assert ways == ["direct"] * 2 and all(any(tuple(p[i:i + 3]) == tail for i in range(len(p))) for p in plain)
+    # what changes a launch: another window, a seed of another int type, strides, alignment, a launch hook
+    assert run(L._forward, q, k, v, (5, 2), 0.125)[0] == ["triton"]
+    assert run(L._forward, q, k, v, (3, 2), 0.125, dropout_p=0.25, dropout_seed=2**40)[0] == ["triton"]
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert run(L._forward, qt, k, v, (-1, 0), 0.125)[0] == ["triton"]
+    assert run(L._forward, qt, k, v, (-1, 0), 0.125)[0] == ["direct"]
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype)
+    q_odd = buf[1:].view(q.shape)
+    assert run(L._backward, q_odd, k, v, o, lse, do, (-1, 0), 0.125)[0] == ["triton"] * 2
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert run(L._forward, q, k, v, (-1, 0), 0.125)[0] == ["triton"]
+    assert run(L._forward, q, k, v, (-1, 0), 0.125)[0] == ["triton"]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: call plans launch compiled kernels")
+@pytest.mark.parametrize("variant", [dict(window=(-1, 0)), dict(window=(40, 3)),
+                                     dict(window=(-1, -1), dropout_p=0.2), dict(window=(-1, 0), Hk=1)],
+                         ids=["causal", "window", "dropout", "mqa-split"])
+def test_gpu_call_plans_give_the_full_paths_answers(variant):
+    """The first calls take the full path and leave a call plan; the plan's replay gives the same bits (the
+    kernels are deterministic), a new seed through the plan gives the full path's answer for that seed, and the
+    answers match float64. MQA with one K/V head splits the dK/dV kernel's group (partial sums added up)."""
+    window, p, Hk = variant["window"], variant.get("dropout_p", 0.0), variant.get("Hk", 4)
+    x = make_inputs(2, 4, 300, 260, 64, dtype="float16", device="cuda", Hk=Hk)
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    seeds = (11, 12) if p else (None, None)
+
+    def call(seed):
+        o, lse = L._forward(q, k, v, window, 0.125, dropout_p=p, dropout_seed=seed)
+        return (o, lse) + L._backward(q, k, v, o, lse, do, window, 0.125, dropout_p=p, dropout_seed=seed)
+
+    L._CALLS.clear()
+    first = [call(seeds[0]) for _ in range(3)]  # full path (compiles), full path (leaves the plan), plan
+    assert sum(key[0] in ("fwd", "bwd") for key in L._CALLS) == 2, "no call plan was left"
+    for later in first[1:]:
+        for a, b in zip(first[0], later):
+            assert torch.equal(a, b), "a call plan's replay differs from the full path"
+    replayed = call(seeds[1])
+    L._CALLS.clear()
+    full = call(seeds[1])
+    assert all(torch.equal(a, b) for a, b in zip(replayed, full)), "another seed through the plan differs"
+    ref = attention_reference(q, k, v, window_size=window, dropout_p=p, dropout_seed=seeds[1], return_lse=True)
+    grads = attention_reference_grads(q, k, v, do, window_size=window, dropout_p=p, dropout_seed=seeds[1])
+    assert_matches(full[0], ref[0], TOL["float16"], "o")
+    for name, g, g_ref in zip(("dq", "dk", "dv"), full[2:], grads):
+        assert_matches(g, g_ref, 10 * TOL["float16"] * math.sqrt(300 / 64), name)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="GPU only: the direct launch runs on a GPU")

@@ -2,6 +2,7 @@
 """Where the host time of a CUDA-rung call goes: cProfile of many back-to-back calls at a tiny shape.
 
     PYTHONPATH=. python tools/host_profile.py --out results/host_profile      # on a GPU
+    PYTHONPATH=. python tools/host_profile.py --triton --out results/host_profile      # flash_attn_triton
 
 At B=H=1, N=64, D=64 (fp16; the GPU time is a few microseconds, so the wall time per call is host time) it
 times, per call and with ``time.perf_counter`` over ``--calls`` calls after a warm-up:
@@ -21,7 +22,8 @@ inside ``launch_specs.run_forward`` and ``run_backward``: autograd runs our back
 thread and the forward runs on the caller's, and the same Python is slower when the two alternate. Then it runs
 cProfile over the forward, the forward + backward and the backward alone, and writes the top functions by own
 time.
-Writes ``host_profile.txt`` into --out and prints it.
+Writes ``host_profile.txt`` into --out and prints it. With ``--triton``, the same for ``flash_attn_triton`` instead
+(``triton_section``): ``host_profile_triton.txt``.
 """
 from __future__ import annotations
 
@@ -88,11 +90,68 @@ def threads_section(qg, kg, vg, do, bwd_kept, n: int, sync, kernel: str) -> list
     return out
 
 
+def triton_section(n: int, sync) -> list:
+    """flash_attn_triton's host time per call at the same shape: the forward, the backward through autograd (a kept
+    graph, as the benchmark times it), and the launchers alone, with their call plans (``launch._CALLS``: the
+    launches of an earlier call like this one, replayed) and through the full path (``launch._backward_full``,
+    ``_forward`` with the plans emptied before each call), beside SDPA's FA2 and an autograd.Function that does
+    nothing; then a cProfile of the kept graph's backward."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flash_attention_py.inputs import make_inputs
+    from flash_attention_triton import flash_attn_triton
+    from flash_attention_triton import launch as L
+
+    x = make_inputs(1, 1, 64, 64, 64, dtype="float16", device="cuda")
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kept = flash_attn_triton(qg, kg, vg, causal=True)
+    kept_sdpa = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+    o, lse = L._forward(q, k, v, (-1, 0), 0.125)
+    drop = L.dropout_args()
+
+    def fwd_full():
+        L._CALLS.clear()
+        return L._forward(q, k, v, (-1, 0), 0.125)
+
+    def bwd_full():
+        return L._backward_full(q, k, v, o, lse, do, (-1, 0), 0.125, {}, drop, None)
+
+    timed = (("flash_attn_triton forward", lambda: flash_attn_triton(q, k, v)),
+             ("  launch._forward (its call plan)", lambda: L._forward(q, k, v, (-1, 0), 0.125)),
+             ("  launch._forward (the full path: no call plans)", fwd_full),
+             ("flash_attn_triton forward + backward (causal, autograd)",
+              lambda: torch.autograd.grad(flash_attn_triton(qg, kg, vg, causal=True), (qg, kg, vg), do)),
+             ("flash_attn_triton backward (causal, autograd.grad of a kept graph)",
+              lambda: torch.autograd.grad(kept, (qg, kg, vg), do, retain_graph=True)),
+             ("  launch._backward (its call plan)", lambda: L._backward(q, k, v, o, lse, do, (-1, 0), 0.125)),
+             ("  launch._backward_full (the full path)", bwd_full),
+             ("sdpa FA2 backward (causal, autograd.grad of a kept graph)",
+              lambda: torch.autograd.grad(kept_sdpa, (qg, kg, vg), do, retain_graph=True)))
+    lines = ["", "flash_attn_triton, the same shape (us per call):"]
+    for name, fn in timed:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n // 2):
+        torch.autograd.grad(kept, (qg, kg, vg), do, retain_graph=True)
+    sync()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
+    return lines + ["", f"cProfile of {n // 2} calls of flash_attn_triton's backward (kept graph), by own time:",
+                    buf.getvalue()]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--kernel", default="auto")
+    ap.add_argument("--triton", action="store_true", help="only flash_attn_triton's lines (host_profile_triton.txt)")
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -100,6 +159,14 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
+    if args.triton:
+        text = "\n".join([f"host time per call, microseconds ({torch.cuda.get_device_name()}, torch {torch.__version__}"
+                          f"; B=H=1 N=64 D=64 fp16, {args.calls} calls)"] + triton_section(args.calls, torch.cuda.synchronize))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "host_profile_triton.txt"), "w") as f:
+            f.write(text + "\n")
+        print(text)
+        return 0
     from flash_attention_cuda import flash_attn_cuda, launch_specs, runtime
     from flash_attention_cuda.checks import check_forward_cached
     from flash_attention_py.inputs import make_inputs

@@ -87,23 +87,20 @@ def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    from flash_attention_triton.backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess
+    from flash_attention_triton.backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
     from flash_attention_triton.forward_kernel import attn_fwd_kernel
 
-    kernel = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel,
-              "pre": attn_bwd_preprocess}[kernel_name]
+    kernel = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel}[kernel_name]
     if not isinstance(kernel, triton.runtime.jit.JITFunction):
         raise RuntimeError("tools/triton_aot.py needs TRITON_INTERPRET unset (it compiles for real GPUs)")
     BM, BN, warps, stages = config
     block_d = max(16, triton.next_power_of_2(head_dim))
-    consts = {"HEAD_DIM": head_dim, "BLOCK_M": BM, "BLOCK_D": block_d}
-    if kernel_name != "pre":
-        left, right = _window(causal)
-        consts.update(WINDOW_LEFT=left, WINDOW_RIGHT=right, BLOCK_N=BN, DROPOUT="dropout" in extra,
-                      group=None if "gqa" in extra else 1)
-        from flash_attention_triton.launch import FP32_PRECISION
+    left, right = _window(causal)
+    consts = {"HEAD_DIM": head_dim, "BLOCK_M": BM, "BLOCK_D": block_d, "WINDOW_LEFT": left, "WINDOW_RIGHT": right,
+              "BLOCK_N": BN, "DROPOUT": "dropout" in extra, "group": None if "gqa" in extra else 1}
+    from flash_attention_triton.launch import FP32_PRECISION
 
-        consts["DOT_PREC"] = FP32_PRECISION if dtype == "float32" else "tf32"
+    consts["DOT_PREC"] = FP32_PRECISION if dtype == "float32" else "tf32"
     sig, consts, attrs = _signature(kernel, dtype, consts, seed_type="i64" if "dropout" in extra else "i32")
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
@@ -123,7 +120,7 @@ def variants(full: bool = False, archs=(80, 90)):
     """The variants to compile: (kernel, dtype, head_dim, causal, config, arch[, extra]).
 
     Default (CI): for each arch, the fixed small-problem configs of every head dim and dtype, the
-    preprocess kernel, and every autotune candidate that survives pruning at D = 64 and 128 (fp16,
+    and every autotune candidate that survives pruning at D = 64 and 128 (fp16,
     causal: the causal variant holds both the masked and the unmasked loop), plus the candidates at
     D = 256. ``full``: every surviving candidate for every head dim, dtype and causal flag, and the small
     configs with a window bounded on both sides (three loop stages), with grouped-query attention and with
@@ -137,7 +134,6 @@ def variants(full: bool = False, archs=(80, 90)):
                 block_d = max(16, 1 << (D - 1).bit_length())
                 for k in ("fwd", "dkdv", "dq"):
                     out.append((k, dtype, D, True, C.small_config(k, block_d, _ELEM[dtype]), arch))
-        out.append(("pre", "float16", 128, False, (128, 0, 4, 1), arch))
         if full:
             for D in HEAD_DIMS:
                 block_d = max(16, 1 << (D - 1).bit_length())
@@ -176,7 +172,6 @@ def representative_variants(archs=(80, 90)):
             out.append((k, "float32", 256, True, C.small_config(k, 256, 4), arch))
         out.append(("fwd", "float16", 16, True, C.small_config("fwd", 16, 2), arch))
         out.append(("dq", "float16", 40, True, C.small_config("dq", 64, 2), arch))
-        out.append(("pre", "float16", 128, False, (128, 0, 4, 1), arch))
         if arch == 90:
             for k in ("fwd", "dkdv", "dq"):  # the variants at once: a window, GQA and dropout
                 out.append((k, "float16", 64, WINDOW, C.small_config(k, 64, 2), arch, "gqa+dropout"))

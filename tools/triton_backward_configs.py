@@ -1,12 +1,21 @@
 #!/usr/bin/env python
-"""Time the Triton backward's kernels alone with every dK/dV candidate config, beside the autotuner's choice.
+"""Time the Triton backward at one shape: through autograd (as the benchmark does), alone, and with every config.
 
-    PYTHONPATH=. python tools/triton_backward_configs.py --n 1024 --head-dim 128        # on a CUDA GPU
+    PYTHONPATH=. python tools/triton_backward_configs.py --n 1024 --head-dim 128                # on a CUDA GPU
+    PYTHONPATH=. python tools/triton_backward_configs.py --batch 4 --heads 32 --head-dim 64 --causal both
 
-For one shape (B, H, N, D, not causal) and each dtype: the backward (``launch._backward``: preprocess, dK/dV,
-dQ; no autograd, no Python around it) with the autotuned configs, then with each candidate of
-``configs.DKDV_CONFIGS`` and the autotuned dQ config. Times are ``triton.testing.do_bench`` medians (ms).
-It separates the kernels' own time from the host time an autograd call adds at small N.
+For one shape (B, H, N, D) and each dtype and causal setting, one line each:
+
+* ``autograd``: ``torch.autograd.grad`` of a kept graph, the call the benchmark times, three times over
+  (``benchmarks.measure.time_gpu``: do_bench median [20th, 80th percentile]), and its host time per call
+  (``benchmarks.measure.time_host``): where the host time is longer than the kernels', the GPU waits;
+* ``alone``: ``launch._backward`` (dQ with Delta, then dK/dV; no autograd, no Python around it), with the autotuned
+  configs (printed);
+* ``sdpa-flash``: FlashAttention-2's backward through autograd, the same two ways;
+* then each candidate of ``configs.DKDV_CONFIGS`` (with the tuned dQ config) and of ``configs.DQ_CONFIGS``
+  (with the tuned dK/dV config), ``launch._backward`` alone.
+
+TFLOP/s are 2.5 x 4·B·H·N²·D (x0.5 causal) over the median.
 """
 from __future__ import annotations
 
@@ -21,38 +30,70 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="float16,bfloat16")
+    ap.add_argument("--causal", choices=("no", "yes", "both"), default="no")
+    ap.add_argument("--no-candidates", action="store_true", help="skip the per-config lines")
     args = ap.parse_args(argv)
     import torch
     import triton
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the timings are of the compiled kernels)")
+    from benchmarks.measure import time_gpu, time_host
+    from flash_attention_py.common import attention_flops
     from flash_attention_py.inputs import make_inputs
     from flash_attention_triton import configs as C
     from flash_attention_triton import launch as L
+    from flash_attention_triton.attention import FlashAttnTritonFunction
 
     B, H, N, D = args.batch, args.heads, args.n, args.head_dim
     scale = D ** -0.5
-    print(f"Triton backward, B={B} H={H} N={N} D={D}, not causal; do_bench medians (ms)")
+    causals = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
+    print(f"Triton backward, B={B} H={H} N={N} D={D}; times in ms (do_bench median [p20, p80]); "
+          f"GPU {torch.cuda.get_device_name()}, triton {triton.__version__}, torch {torch.__version__}", flush=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     for dtype in args.dtype.split(","):
-        x = make_inputs(B, H, N, N, D, dtype=dtype, device="cuda")
-        q, k, v, do = x["q"], x["k"], x["v"], x["do"]
-        o, lse = L._forward(q, k, v, False, scale)
+        for causal in causals:
+            flops = 2.5 * attention_flops(B, H, N, N, D, causal=causal)
+            tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
+            x = make_inputs(B, H, N, N, D, dtype=dtype, device="cuda")
+            q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+            qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            with torch.enable_grad():
+                o_auto, _ = FlashAttnTritonFunction.apply(qg, kg, vg, causal, scale)
+                o_fa2 = None
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                    o_fa2 = sdpa(qg, kg, vg, is_causal=causal, scale=scale)
+            o, lse = L._forward(q, k, v, causal, scale)
 
-        def run(cfg=None):
-            return L._backward(q, k, v, o, lse, do, False, scale, configs=cfg)
+            def alone(cfg=None):
+                return L._backward(q, k, v, o, lse, do, causal, scale, configs=cfg)
 
-        run()  # autotunes this length bucket
-        torch.cuda.synchronize()
-        auto = triton.testing.do_bench(run, warmup=25, rep=200)
-        plan = {key[0]: cfg for key, cfg in L._PLAN.items() if key[3] == D and key[-2] == getattr(torch, dtype)}
-        print(f"{dtype}: autotuned {auto:.4f} ms; configs (BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
-        for cand in C.CANDIDATES["dkdv"]:
-            try:
-                ms = triton.testing.do_bench(lambda: run({"dkdv": cand, "dq": plan["dq"]}), warmup=25, rep=200)
-                print(f"  dkdv {cand}: {ms:.4f} ms", flush=True)
-            except Exception as exc:  # noqa: BLE001 - a config that does not fit is a line, not the end
-                print(f"  dkdv {cand}: failed: {type(exc).__name__}: {str(exc)[:80]}")
+            def grad_of(out):
+                return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+            alone()  # autotunes this length bucket
+            torch.cuda.synchronize()
+            head = f"{dtype} causal={'yes' if causal else 'no'}"
+            for name, fn in (("triton autograd", grad_of(o_auto)), ("sdpa-flash autograd", grad_of(o_fa2))):
+                runs = [time_gpu(fn, repeats=5) for _ in range(3)]
+                host = time_host(fn, device="cuda", calls=300)[0]
+                txt = "; ".join(f"{m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s" for m, lo, hi, *_ in runs)
+                print(f"{head} {name}: {txt}; host {host * 1e3:.0f} us/call", flush=True)
+            m, lo, hi, *_ = time_gpu(alone, repeats=5)
+            plan = {key[0]: cfg for key, cfg in L._PLAN.items()
+                    if key[3] == D and key[5] == (0 if causal else -1) and key[-2] == getattr(torch, dtype)}
+            print(f"{head} triton alone: {m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s; tuned configs "
+                  f"(BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
+            if args.no_candidates:
+                continue
+            for kernel, other in (("dkdv", "dq"), ("dq", "dkdv")):
+                for cand in C.CANDIDATES[kernel]:
+                    try:
+                        ms = triton.testing.do_bench(lambda: alone({kernel: cand, other: plan[other]}),
+                                                     warmup=25, rep=100)
+                        print(f"  {kernel} {cand}: {ms:.4f} ms = {tf(ms):.0f} TFLOP/s", flush=True)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not fit is a line, not the end
+                        print(f"  {kernel} {cand}: failed: {type(exc).__name__}: {str(exc)[:80]}")
     return 0
 
 
