@@ -729,6 +729,40 @@ def dropout_profile_figures(R):
              f"{pct(fa, 'fmaheavy_pipe_pct')}")]
 
 
+def triton_host_figures(R):
+    """Triton's backward at N = 1024 (performance.md §7): host time per call with and without the call plans
+    (triton/host_profile_triton.txt, tools/host_profile.py --triton) and the causal backward through autograd
+    (triton/n1024_backward_autograd.txt, tools/triton_backward_configs.py)."""
+    host = {}
+    for line in R.text("triton/host_profile_triton.txt").splitlines():
+        m = re.match(r"\s*(.+?)\s{2,}([0-9.]+)$", line)
+        if m:
+            host[m.group(1)] = float(m.group(2))
+    plan_b, full_b = host["launch._backward (its call plan)"], host["launch._backward_full (the full path)"]
+    plan_f, full_f = host["launch._forward (its call plan)"], host["launch._forward (the full path: no call plans)"]
+    ours = host["flash_attn_triton backward (causal, autograd.grad of a kept graph)"]
+    fa2 = host["sdpa FA2 backward (causal, autograd.grad of a kept graph)"]
+    autograd = {}
+    shape = None
+    for line in R.text("triton/n1024_backward_autograd.txt").splitlines():
+        if line.startswith("Triton backward, B="):
+            shape = line.split(";")[0]
+        m = re.match(r"float16 causal=(yes|no) (triton|sdpa-flash) autograd: (.*); host", line)
+        if m and "B=4 H=32" in shape:
+            autograd[(m.group(1), m.group(2))] = [int(x) for x in re.findall(r"= ([0-9]+) TFLOP/s", m.group(3))]
+    c, n, f = autograd[("yes", "triton")], autograd[("no", "triton")], autograd[("no", "sdpa-flash")]
+    f0 = lambda x: f"{x:.0f}"  # noqa: E731
+    return [
+        ("docs/performance.md", f"`launch._backward` {f0(plan_b)} µs with its plan against {f0(full_b)} without, "
+                                f"`launch._forward`\n{f0(plan_f)} against {f0(full_f)}; the causal backward through autograd "
+                                f"{f0(ours)} µs against {f0(fa2)} for\nFA2's"),
+        ("docs/backend_triton.md", f"launcher {f0(plan_b)} µs with its plan against {f0(full_b)} without, the forward's "
+                                   f"{f0(plan_f)} against {f0(full_f)}"),
+        ("docs/performance.md", f"the causal\nbackward then read {c[0]}, {c[1]} and {c[2]} TFLOP/s and the not-causal one "
+                                f"{min(n)}–{max(n)} (FA2 {min(f)}–{max(f)})"),
+    ]
+
+
 def triton_descriptor_figures(R):
     """backend_triton.md's figures of the tensor-descriptor forward (tools/triton_descriptor_probe.py)."""
     rows = R.json("triton/descriptors/descriptor_probe.json")["rows"]
@@ -813,7 +847,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_host_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
