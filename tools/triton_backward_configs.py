@@ -11,7 +11,9 @@ For one shape (B, H, N, D) and each dtype and causal setting, one line each:
   (``benchmarks.measure.time_host``): where the host time is longer than the kernels', the GPU waits;
 * ``alone``: ``launch._backward`` (dQ with Delta, then dK/dV; no autograd, no Python around it), with the autotuned
   configs (printed);
-* ``sdpa-flash``: FlashAttention-2's backward through autograd, the same two ways;
+* ``sdpa-flash``: FlashAttention-2's backward through autograd, the same two ways (and, with ``--cuda``,
+  ``flash_attn_cuda``'s; with ``--calling-thread``, each of these again with autograd's multithreading off:
+  the backward on the calling thread instead of the device thread autograd runs CUDA nodes on);
 * then each candidate of ``configs.DKDV_CONFIGS`` (with the tuned dQ config) and of ``configs.DQ_CONFIGS``
   (with the tuned dK/dV config), ``launch._backward`` alone.
 
@@ -32,6 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16,bfloat16")
     ap.add_argument("--causal", choices=("no", "yes", "both"), default="no")
     ap.add_argument("--no-candidates", action="store_true", help="skip the per-config lines")
+    ap.add_argument("--cuda", action="store_true", help="also flash_attn_cuda (kernel='auto') through autograd")
+    ap.add_argument("--calling-thread", action="store_true",
+                    help="also time each autograd line with torch.autograd.set_multithreading_enabled(False): the "
+                         "backward on the calling thread instead of autograd's device thread")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -60,6 +66,11 @@ def main(argv=None) -> int:
             qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
             with torch.enable_grad():
                 o_auto, _ = FlashAttnTritonFunction.apply(qg, kg, vg, causal, scale)
+                o_cuda = None
+                if args.cuda:
+                    from flash_attention_cuda import flash_attn_cuda
+
+                    o_cuda = flash_attn_cuda(qg, kg, vg, causal=causal, softmax_scale=scale)
                 o_fa2 = None
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
                     o_fa2 = sdpa(qg, kg, vg, is_causal=causal, scale=scale)
@@ -74,11 +85,17 @@ def main(argv=None) -> int:
             alone()  # autotunes this length bucket
             torch.cuda.synchronize()
             head = f"{dtype} causal={'yes' if causal else 'no'}"
-            for name, fn in (("triton autograd", grad_of(o_auto)), ("sdpa-flash autograd", grad_of(o_fa2))):
-                runs = [time_gpu(fn, repeats=5) for _ in range(3)]
-                host = time_host(fn, device="cuda", calls=300)[0]
-                txt = "; ".join(f"{m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s" for m, lo, hi, *_ in runs)
-                print(f"{head} {name}: {txt}; host {host * 1e3:.0f} us/call", flush=True)
+            lines = [("triton autograd", grad_of(o_auto)), ("sdpa-flash autograd", grad_of(o_fa2))]
+            if o_cuda is not None:
+                lines.append(("cuda autograd", grad_of(o_cuda)))
+            for threads in (True, False) if args.calling_thread else (True,):
+                for name, fn in lines:
+                    with torch.autograd.set_multithreading_enabled(threads):
+                        runs = [time_gpu(fn, repeats=5) for _ in range(3)]
+                        host = time_host(fn, device="cuda", calls=300)[0]
+                    txt = "; ".join(f"{m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s" for m, lo, hi, *_ in runs)
+                    label = name if threads else name + " (calling thread)"
+                    print(f"{head} {label}: {txt}; host {host * 1e3:.0f} us/call", flush=True)
             m, lo, hi, *_ = time_gpu(alone, repeats=5)
             plan = {key[0]: cfg for key, cfg in L._PLAN.items()
                     if key[3] == D and key[5] == (0 if causal else -1) and key[-2] == getattr(torch, dtype)}
