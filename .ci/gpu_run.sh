@@ -3,6 +3,8 @@
 # beyond torch, triton, cupy, pytest, pytest-xdist, matplotlib, tqdm):
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration
+#   bash .ci/gpu_run.sh --out results/gpu seed-calling # the same backward rows, each backward on the calling thread
+#                                                      # (--autograd-thread calling: autograd's multithreading off)
 #   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep
 #   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder and backward vs FA2 (with the config sweeps),
 #                                                      # SASS counts, host time per call (benchmark presets)
@@ -47,6 +49,10 @@ for step in "$@"; do
       timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode both --no-progress \
         --out "$OUT/h100-seed" > "$OUT/bench_seed.log" 2>&1
       echo "seed rc=$?"; tail -n 40 "$OUT/bench_seed.log" ;;
+    seed-calling)
+      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode bwd --autograd-thread calling \
+        --no-progress --out "$OUT/h100-seed-calling-thread" > "$OUT/bench_seed_calling.log" 2>&1
+      echo "seed (calling thread) rc=$?"; tail -n 40 "$OUT/bench_seed_calling.log" ;;
     sweep)
       timeout "${SWEEP_S:-500}" python3 -m benchmarks --no-progress --out "$OUT/h100-default" > "$OUT/bench_default.log" 2>&1
       echo "sweep rc=$?"; tail -n 60 "$OUT/bench_default.log" ;;

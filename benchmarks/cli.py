@@ -16,6 +16,7 @@ unusable --out stops the command with a one-line error before any case runs. See
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -172,6 +173,11 @@ def build_parser():
     p.add_argument("--threads", type=_non_negative_int, default=None,
                    help="CPU threads of torch and of NumPy's BLAS; 0 leaves the libraries' own defaults "
                         "(default on a CPU: 1, which keeps timings steady on a shared machine; on a GPU: 0)")
+    p.add_argument("--autograd-thread", choices=("device", "calling"), default="device",
+                   help="where autograd runs a timed backward (bwd, fwd+bwd): 'device' (PyTorch's default: on a "
+                        "worker thread per CUDA device) or 'calling' (torch.autograd.set_multithreading_enabled(False): "
+                        "on the thread that calls it, which spares a Python backward the hand-over to that thread; "
+                        "every backend alike)")
     p.add_argument("--out", default=None, help="output folder (default bench_out/<device>-<UTC time>)")
     p.add_argument("--seed-config", action="store_true",
                    help="the seed documents' case: B=8 H=12 N=1024 D=64, float16 wherever a backend takes it")
@@ -222,6 +228,7 @@ def resolve(args, parser, targets):
     cfg["max_call_s"] = args.max_call_s or defaults["max_call_s"]
     cfg["timer"] = named.timer if named is not None else "device"
     cfg["max_n"] = dict(named.max_n) if named is not None else {}
+    cfg["autograd_thread"] = args.autograd_thread
 
     # sequence lengths
     if args.n is not None and (args.nq is not None or args.nk is not None):
@@ -516,6 +523,16 @@ def probe_call(case, target):
         _cleanup(device, False)
 
 
+def autograd_thread(cfg, target):
+    """The context a case's calls run in for --autograd-thread: 'calling' turns autograd's multithreading off (the
+    backward runs on the calling thread; thread-local, restored on exit) for torch backends; else nothing."""
+    if cfg.get("autograd_thread", "device") == "calling" and target.array == "torch":
+        import torch
+
+        return torch.autograd.set_multithreading_enabled(False)
+    return contextlib.nullcontext()
+
+
 def run_case(case, target, cfg, history, inputs=None):
     """Measure one case; returns the row (a dict). Never raises for a backend's failure."""
     row = dict(case)
@@ -577,7 +594,7 @@ def run_case(case, target, cfg, history, inputs=None):
             x = make_inputs(B, H, Nq, Nk, D, dtype=dtype, kind=target.array, device=device)
         else:
             x = inputs.get(case, target.array)
-        with target.context():
+        with target.context(), autograd_thread(cfg, target):
             fn = target.prepare(x, case["causal"], mode)
             out = fn()  # warm-up (and compilation for JIT backends)
             if measure.has_nan(out):

@@ -220,6 +220,9 @@ def report_markdown(rows, *, meta, config, matmul_peak, plots=True):
         lines.append("- changed files, not in that commit: " + ", ".join(f"`{f}`" for f in meta["git_changed_files"]))
     if meta.get("code_note"):
         lines.append(f"- note: {meta['code_note']}")
+    if config.get("autograd_thread") == "calling":
+        lines.append("- backward timed with autograd's multithreading off (`--autograd-thread calling`): every "
+                     "backend's backward runs on the calling thread")
     if meta.get("TRITON_INTERPRET") == "1" and config.get("device") == "cpu":
         lines.append("- Triton runs under its interpreter here (TRITON_INTERPRET=1)")
     if matmul_peak:

@@ -171,6 +171,31 @@ def test_failures_recorded_and_sweep_goes_on(tmp_path, monkeypatch):
     assert all(r["status"] == "ok" for r in rows if r["backend"] == "naive-torch")  # the sweep went on
 
 
+def test_autograd_thread_calling_times_the_backward_on_the_calling_thread(tmp_path, monkeypatch):
+    """--autograd-thread calling: each torch backend's calls run with autograd's multithreading off (thread-local,
+    restored after the case), NumPy backends untouched; the config and report.md say so."""
+    import torch
+
+    seen = []
+    real = cli.measure.time_call
+
+    def spy(fn, **kw):
+        seen.append(torch._C._is_multithreading_enabled())
+        return real(fn, **kw)
+
+    monkeypatch.setattr(cli.measure, "time_call", spy)
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "naive-torch,numpy-v2", "--n", "16", "-b", "1", "--heads", "1", "-d", "16",
+                           "--repeats", "1", "--dtype", "float32", "--mode", "bwd", "--autograd-thread", "calling",
+                           "--out", out, "--no-progress", "--no-plots"]) == 0
+    assert seen == [False, True]  # naive-torch (torch: off), numpy-v2 (not torch: as it was)
+    assert torch._C._is_multithreading_enabled()
+    with open(os.path.join(out, "results.json")) as f:
+        assert json.load(f)["config"]["autograd_thread"] == "calling"
+    with open(os.path.join(out, "report.md")) as f:
+        assert "--autograd-thread calling" in f.read()
+
+
 def test_predicted_slow_case_is_skipped(tmp_path):
     out = str(tmp_path)
     assert cli.main(CPU + ["--backends", "numpy-v2", "--n", "16,2048", "-b", "1", "--heads", "1", "-d", "16", "--repeats", "1",
