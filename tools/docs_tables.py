@@ -763,6 +763,25 @@ def triton_host_figures(R):
     ]
 
 
+def autograd_thread_figures(R):
+    """The seeds' causal backward on autograd's device thread (h100-seed) and on the calling thread
+    (h100-seed-calling-thread, --autograd-thread calling) against FA2: faq.md Q3 and performance.md §7."""
+    def ratios(folder, backends):
+        fa2 = bench_row(R, folder, "sdpa-flash", "float16", 1024, mode="bwd", causal=True)["tflops"]
+        return {b: bench_row(R, folder, b, "float16", 1024, mode="bwd", causal=True)["tflops"] / fa2 for b in backends}
+
+    ours = ("triton", "cuda-mma", "cuda-wgmma", "cuda-wgmma-ws")
+    device = ratios("h100-seed", ours)
+    calling = ratios("h100-seed-calling-thread", ours)
+    fast = [calling[b] for b in ours if b != "cuda-mma"]
+    return [
+        ("docs/faq.md", f"is {span(list(device.values()), f2, '×')} FA2 that way (`results/benchmark/h100-seed/`) and "
+                        f"{span(fast, f2, '×')} on the calling\n   thread, cuda-mma aside"),
+        ("docs/performance.md", f"backward is {calling['triton']:.2f}× FA2 on Triton, {span([calling['cuda-wgmma'], calling['cuda-wgmma-ws']], f2, '×')} "
+                                f"on cuda-wgmma and cuda-wgmma-ws and {calling['cuda-mma']:.2f}× on cuda-mma"),
+    ]
+
+
 def triton_descriptor_figures(R):
     """backend_triton.md's figures of the tensor-descriptor forward (tools/triton_descriptor_probe.py)."""
     rows = R.json("triton/descriptors/descriptor_probe.json")["rows"]
@@ -847,7 +866,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_host_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
