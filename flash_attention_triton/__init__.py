@@ -1,4 +1,4 @@
-"""FlashAttention, rung 3: Triton kernels (forward, and a three-kernel backward).
+"""FlashAttention, rung 3: Triton kernels (forward, and a two-kernel backward).
 
     from flash_attention_triton import flash_attn_triton
     o, lse = flash_attn_triton(q, k, v, causal=True, return_lse=True)   # q (B, H, Nq, D), k, v (B, Hk, Nk, D)
@@ -8,12 +8,12 @@ The variants: a sliding window ``window_size=(left, right)`` (``masks.py``), gro
 (k, v with Hk heads, H % Hk == 0; no copy of K/V) and dropout (``tl.rand``, the mask drawn again in the backward).
 
 * ``forward_kernel.py``: the FlashAttention-2 forward (one program per Q block, online softmax in base 2).
-* ``backward_kernels.py``: Delta = rowsum(dO * O), then a dK/dV kernel and a dQ kernel (no atomics).
+* ``backward_kernels.py``: a dQ kernel (which also computes Delta = rowsum(dO * O)), then a dK/dV kernel (no atomics).
 * ``masks.py``: the mask rule as ``@triton.jit`` helpers (which keys a query sees, which blocks to visit).
 * ``tiles.py``: tile loads and stores shared by the kernels.
 * ``configs.py``: the fixed interpreter config, the GPU autotune candidates and their pruning.
 * ``capabilities.py``: what the backend takes (dtypes, head dims), and whether it runs here.
-* ``launch.py``: the launchers (grids, fixed or autotuned configs, the kernels' arguments).
+* ``launch.py``: the launchers (grids, fixed or autotuned configs, the kernels' arguments, call plans).
 * ``attention.py``: the public ``flash_attn_triton``, its input checks and the ``torch.autograd.Function``.
 * ``library_ops.py``: the kernels as ``torch.library`` custom ops (for autograd and ``torch.compile``).
 

@@ -15,6 +15,10 @@ so dropout_p = 0 runs the plain kernels. The softmax scale reaches every kernel 
 ``scale_log2`` (``scale_args``). On a CUDA GPU the kernels are compiled by Triton and tuned with
 ``triton.autotune``; on a CPU they run under Triton's interpreter, one fixed config per kernel
 (``configs.py``). ``library_ops.py`` wraps these two functions as torch custom ops.
+
+The backward is two launches, the dQ kernel (which also stores Delta) and then the dK/dV kernel. A call like an
+earlier one (same shapes, strides, dtype, alignment, window, dropout kinds) replays that call's launches from a
+call plan (``_CALLS``), skipping the launcher's lookups.
 """
 from __future__ import annotations
 
