@@ -327,8 +327,8 @@ def dropout_args(dropout_p: float = 0.0, dropout_seed=None) -> tuple:
 # config lookups, the launch keys of _run. The first call that finds every launch in _COMPILED leaves a call plan,
 # its launches (cache entry, grid, ints), under a key of what decides them: the inputs' shapes, strides, dtype and
 # 16-byte alignment, the current device, the mask window and the dropout arguments' kinds. A later call with that
-# key allocates its outputs and launches the plan's kernels directly: about a third of the host time of the full
-# path (tools/host_profile.py --triton). Not under the interpreter, with a forced config, or with a launch hook.
+# key allocates its outputs and launches the plan's kernels directly (tools/host_profile.py --triton times both
+# paths; docs/backend_triton.md quotes them). Not under the interpreter, with a forced config, or with a launch hook.
 _CALLS: dict = {}
 _CALLS_MAX = 1024
 
