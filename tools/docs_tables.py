@@ -456,8 +456,31 @@ def t_hopper_targets(R, lang):
                       f"N = 1024：{name} ≥ 1.0× FA2，前向与反向，因果与否"),
                     span(vals, f2, "×"), H(lang, "met", "达到") if not below else
                     H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
+    out += _seed_targets(R, lang)
     header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
     return table(header, out)
+
+
+def _seed_targets(R, lang):
+    """Issue 16's seeds' configuration rows (B8 H12 N1024 D64 fp16, h100-seed), with the backward on the calling
+    thread beside them (h100-seed-calling-thread, --autograd-thread calling), for each rung."""
+    def ratios(run, name, modes):
+        return [bench_row(R, run, name, "float16", 1024, mode=m, causal=c)["tflops"]
+                / bench_row(R, run, "sdpa-flash", "float16", 1024, mode=m, causal=c)["tflops"]
+                for m in modes for c in (False, True)]
+
+    out = []
+    for name in ("triton", "cuda-wgmma-ws", "cuda-wgmma", "cuda-mma"):
+        vals = ratios("h100-seed", name, ("fwd", "bwd"))
+        calling = ratios("h100-seed-calling-thread", name, ("bwd",))
+        below = sum(v < 1.0 for v in vals)
+        out.append([H(lang, f"seeds' configuration: {name} ≥ 1.0× FA2, forward and backward, causal and not "
+                            "(backward on the calling thread)",
+                      f"种子配置：{name} ≥ 1.0× FA2，前向与反向，因果与否（反向在调用线程上）"),
+                    f"{span(vals, f2, '×')} ({span(calling, f2, '×')})",
+                    H(lang, "met", "达到") if not below else
+                    H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
+    return out
 
 
 def t_hopper_table(R, lang):
