@@ -16,6 +16,9 @@
 #   bash .ci/gpu_run.sh --out results/gpu kernels      # the Hopper forward and backward kernels alone, every tile
 #                                                      # config, beside FA2 and cuDNN (tools/cuda_*_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)
+#   bash .ci/gpu_run.sh --out results/gpu mma          # the mma.sync rung alone in every tile config, beside FA2 and
+#                                                      # cuDNN: forward and backward at N = 1024, 4096 and the seeds'
+#                                                      # shape (tools/cuda_forward_kernels.py --kernel mma, ...)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 #   bash .ci/gpu_run.sh --out results/gpu breakdown    # one call's GPU time kernel by kernel, ours beside FlexAttention
@@ -90,6 +93,17 @@ for step in "$@"; do
     backward)
       timeout "${KERNELS_S:-300}" python3 tools/cuda_backward_kernels.py --out "$OUT/kernels" > "$OUT/backward_kernels.log" 2>&1
       echo "backward kernels rc=$?"; grep -E "^\|" "$OUT/kernels/backward_kernels.md" | head -n 20 ;;
+    mma)
+      # shapes: batch heads head-dim N folder
+      for shape in "4 32 64 1024,4096 b4h32-d64" "4 16 128 1024,4096 b4h16-d128" "8 12 64 1024 seed-b8h12-d64"; do
+        read -r b h d n name <<< "$shape"
+        timeout "${MMA_S:-150}" python3 tools/cuda_forward_kernels.py --kernel mma --batch "$b" --heads "$h" \
+          --head-dims "$d" --n "$n" --out "$OUT/mma_forward/$name" > "$OUT/mma_forward_$name.log" 2>&1
+        echo "mma forward $name rc=$?"; grep -E "^\|" "$OUT/mma_forward/$name/forward_kernels.md"
+        timeout "${MMA_S:-150}" python3 tools/cuda_backward_kernels.py --mma-only --mma-configs --batch "$b" \
+          --heads "$h" --head-dims "$d" --n "$n" --out "$OUT/mma_backward/$name" > "$OUT/mma_backward_$name.log" 2>&1
+        echo "mma backward $name rc=$?"; grep -E "^\|" "$OUT/mma_backward/$name/backward_kernels.md"
+      done ;;
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
@@ -102,7 +116,7 @@ for step in "$@"; do
     blockorder)
       timeout "${BLOCKORDER_S:-300}" python3 tools/ws_block_order.py --out "$OUT/ws_block_order" > "$OUT/ws_block_order.log" 2>&1
       echo "block order rc=$?"; grep -E "^\|" "$OUT/ws_block_order/ws_block_order.md" ;;
-    *) echo "unknown step $step (tests | seed | sweep | cuda | triton | hopper | variants | kernels | backward | sanitizer | ncu | breakdown | blockorder)"; exit 2 ;;
+    *) echo "unknown step $step (tests | seed | seed-calling | sweep | cuda | triton | hopper | variants | kernels | backward | mma | sanitizer | ncu | breakdown | blockorder)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

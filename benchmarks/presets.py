@@ -316,7 +316,7 @@ PRESETS = {p.name: p for p in (
 # candidates per kernel and D: mma (Bc, warps, m16 tiles per warp; Br = 16 x tiles x warps), wgmma (Bc,
 # warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D)
 CONFIG_CANDIDATES = {
-    "mma": {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)],
+    "mma": {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2), (128, 4, 2)],
             128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]},
     "wgmma": {64: [(128, 2), (64, 2), (128, 3)], 128: [(128, 2), (64, 2), (64, 3)]},
     "mma-backward": {None: [(4, 64), (8, 64), (4, 32), (8, 32)]},

@@ -50,7 +50,7 @@ from . import runtime
 from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS,
                            auto_backward)
 
-__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
+__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
            "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "WGMMA_WS_PAIRS_BALANCE", "WGMMA_WS_SECTION_BYTES", "WGMMA_WS_MAX_WALK", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
@@ -67,7 +67,12 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CO
 # (docs/results/cuda/cuda_ladder.json).
 # D = 256 (not swept): FlashAttention-2's 64 x 64 tiles of 4 warps; the Q fragments stay in shared memory (the
 # accumulator alone takes 128 registers a thread), 160 KiB of shared memory (an A100 has 164).
-MMA_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
+# D = 64: FlashAttention-2's own forward tile at this head dim (128 keys, 4 warps of 32 query rows), timed alone on
+# an H100 at 1.09-1.12x the 64-key tile the sweep had chosen (tools/cuda_forward_kernels.py --kernel mma,
+# docs/results/cuda/mma_forward/).
+MMA_CONFIGS = {64: (128, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
+# ... with dropout: the 64-key tile at D = 64 (with 128 keys the Philox rounds beside S_ij spill 388 bytes a thread)
+MMA_DROPOUT_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
 # wgmma: (Bc keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
 WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2), 256: (64, 2)}
 # wgmma-ws: (Bc keys per K/V tile, consumer warpgroups, K/V stages); Br = 64 * consumer warpgroups query rows per
@@ -246,8 +251,9 @@ def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
 
 @_cached
 def mma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma.cu: (Bc, warps, m16 tiles per warp) = config or MMA_CONFIGS[D]; Br = 16 * tiles * warps."""
-    Bc, nw, mt = config or MMA_CONFIGS[p.D]
+    """mma.cu: (Bc, warps, m16 tiles per warp) = config or MMA_CONFIGS[D] (MMA_DROPOUT_CONFIGS[D] with dropout);
+    Br = 16 * tiles * warps."""
+    Bc, nw, mt = config or (MMA_DROPOUT_CONFIGS if p.dropout else MMA_CONFIGS)[p.D]
     Br = 16 * mt * nw
     # mma.cu, mma_fwd's `extern __shared__` carve-up: sQ (Br, D), sK 2 x (Bc, D), sV 2 x (Bc, D), 16-bit
     smem = (Br + 4 * Bc) * p.D * 2

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.presets import CONFIG_CANDIDATES
 from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
 from flash_attention_py.masks import CAUSAL, FULL
 
@@ -663,9 +664,9 @@ def test_long_sequence_matches_reference(kernel):
         assert _err(o, attention_reference(q, k, v, causal=causal)) < 5e-3
 
 
-MMA_SWEEP = [(64, c) for c in [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2)]] + \
-            [(128, c) for c in [(128, 8, 1), (64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2)]]
-WGMMA_SWEEP = [(64, c) for c in [(128, 2), (64, 2), (128, 3)]] + [(128, c) for c in [(128, 2), (64, 2), (64, 3)]]
+# every config the benchmark's tile-config sweep tries (benchmarks/presets.py)
+MMA_SWEEP = [(D, c) for D, cands in CONFIG_CANDIDATES["mma"].items() for c in cands]
+WGMMA_SWEEP = [(D, c) for D, cands in CONFIG_CANDIDATES["wgmma"].items() for c in cands]
 
 
 @gpu

@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--mma-only", action="store_true", help="only the mma.sync backwards beside FA2 and cuDNN")
+    ap.add_argument("--mma-configs", action="store_true",
+                    help="also the two-kernel mma backward in every candidate config of "
+                         "benchmarks.presets.CONFIG_CANDIDATES['mma-backward'] (\"mma WxT\": W warps, tiles of T rows)")
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -44,6 +47,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
+    from benchmarks.presets import CONFIG_CANDIDATES
     from flash_attention_cuda import flash_attn_cuda, launch_specs
     from flash_attention_cuda.capabilities import BACKWARD
     from flash_attention_py.common import attention_flops
@@ -62,6 +66,14 @@ def main(argv=None) -> int:
         window, scale = window_for(causal), D ** -0.5
         ms = {mma: do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, mma))
               for mma in ("mma", "mma-fused")}
+        for cfg in CONFIG_CANDIDATES["mma-backward"][None] if args.mma_configs else []:
+            if tuple(cfg) == tuple(launch_specs.MMA_BACKWARD_CONFIGS[D]):
+                continue
+            try:
+                ms[f"mma {cfg[0]}x{cfg[1]}"] = do_bench(
+                    lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "mma", tuple(cfg)))
+            except Exception as exc:  # a config the GPU cannot hold: printed, not fatal
+                tqdm.write(f"D{D} N{N} causal={causal} mma {cfg}: {type(exc).__name__}: {exc}"[:300])
         for cfg in [] if args.mma_only else CANDIDATES.get(D, []):
             ms[f"wgmma {cfg[0]}x{cfg[1]}"] = do_bench(
                 lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma", cfg))
@@ -86,8 +98,9 @@ def main(argv=None) -> int:
                command="python tools/cuda_backward_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                unit="TFLOP/s = 2.5 x 4·B·H·N²·D (x0.5 causal) / do_bench median of the backward alone", rows=rows)
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
-    md = [f"# CUDA backward kernels alone ({doc['gpu']}, commit {commit}{' with local changes' if dirty else ''})",
-          "", f"`{doc['command']}`; {doc['unit']}. wgmma RxT: R warpgroups per block, streamed tiles of T rows.", "",
+    md = [f"# CUDA backward kernels alone ({doc['gpu']}, B{B} H{H}, commit {commit}{' with local changes' if dirty else ''})",
+          "", f"`{doc['command']}`; {doc['unit']}. wgmma RxT: R warpgroups per block, streamed tiles of T rows; "
+          f"mma: its library config {launch_specs.MMA_BACKWARD_CONFIGS}, mma WxT: W warps, tiles of T rows.", "",
           "| D | N | causal | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['D']} | {r['N']} | {r['causal']} | "

@@ -160,6 +160,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
                                                               const unsigned short*, unsigned short*, float*, \
                                                               int, int, float, int, int, int, float, unsigned, \
                                                               unsigned);
+FA_MMA_INST(64, 128, 4, 2, false)
+FA_MMA_INST(64, 128, 4, 2, true)
 FA_MMA_INST(64, 64, 4, 2, false)
 FA_MMA_INST(64, 64, 4, 2, true)
 FA_MMA_INST(128, 128, 8, 1, false)
