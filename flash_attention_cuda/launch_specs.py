@@ -68,7 +68,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA
 # D = 256 (not swept): FlashAttention-2's 64 x 64 tiles of 4 warps; the Q fragments stay in shared memory (the
 # accumulator alone takes 128 registers a thread), 160 KiB of shared memory (an A100 has 164).
 # D = 64: FlashAttention-2's own forward tile at this head dim (128 keys, 4 warps of 32 query rows), timed alone on
-# an H100 at 1.09-1.12x the 64-key tile the sweep had chosen (tools/cuda_forward_kernels.py --kernel mma,
+# an H100 at 1.10-1.15x the 64-key tile the sweep had chosen (tools/cuda_forward_kernels.py --kernel mma,
 # docs/results/cuda/mma_forward/).
 MMA_CONFIGS = {64: (128, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
 # ... with dropout: the 64-key tile at D = 64 (with 128 keys the Philox rounds beside S_ij spill 388 bytes a thread)
