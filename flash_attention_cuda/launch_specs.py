@@ -44,6 +44,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from flash_attention_py import masks
 from flash_attention_py.validation import dtype_name
 
 from . import runtime
@@ -297,6 +298,27 @@ WGMMA_WS_SECTION_BYTES = 16 << 20
 # A wgmma-ws block keeps its walk (its work items) in shared memory, 16 bytes an item: at most this many, so a
 # persistent grid has at least ceil(items / WGMMA_WS_MAX_WALK) blocks
 WGMMA_WS_MAX_WALK = 64
+# The walks assume the rows blocks of a head see equally many keys (no right bound) or more and more of them (a right
+# bound: causal, local causal (w, 0)). A window bounded on both sides with room to run, (w, w) with w a sizeable part
+# of N, sees fewer keys at both ends of the sequence, and a left bound alone fewer at the end: a static walk then gives
+# some blocks the heavy middle items and leaves the others idle at the end. Where the items' K/V tiles are neither
+# equal nor non-decreasing and the heaviest is above WGMMA_WS_WALK_SPREAD times their mean, the grid is a block per
+# item and the hardware hands them out. H100, B1 H16 N16384 D128 fp16, windows (w, w): the persistent walk took
+# 3.40 ms at w = 8192 and 1.91 at 4096, against 2.80 and 1.74 for a block per item, and was as fast or faster at
+# w <= 1024 (docs/results/benchmark/h100-variants/window/, commits 7ed87fa and 53e7bde).
+WGMMA_WS_WALK_SPREAD = 1.05
+
+
+def _walk_fits(p: Problem, Br: int, Bc: int) -> bool:
+    """Whether wgmma-ws's persistent walks suit this mask: the K/V tiles of each rows block of Br queries
+    (masks.kv_range in tiles of Bc keys) are equal within WGMMA_WS_WALK_SPREAD of their mean, or, with a right
+    bound, non-decreasing from the first rows block to the last (the order the walks take them in)."""
+    tiles = [len(masks.blocks(*masks.kv_range(m * Br, (m + 1) * Br, p.Nq, p.Nk, p.window), Bc))
+             for m in range(_cdiv(p.Nq, Br))]
+    if p.window[1] >= 0 and all(a <= b for a, b in zip(tiles, tiles[1:])):
+        return True
+    mean = sum(tiles) / len(tiles)
+    return mean == 0 or max(tiles) <= WGMMA_WS_WALK_SPREAD * mean
 
 
 @_cached
@@ -308,7 +330,8 @@ def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int]
     WGMMA_WS_PERSISTENT_UNITS_PER_SM per block; with more, or ctas None, one block per item. With a right bound
     (causal) a persistent grid walks pairs of rows blocks where they balance (WGMMA_WS_PAIRS_BALANCE;
     heads_per_section 0), else the items longest first in sections of heads_per_section heads whose K and V fit
-    in WGMMA_WS_SECTION_BYTES; each block's walk (walk_len items at most) is kept in shared memory."""
+    in WGMMA_WS_SECTION_BYTES; each block's walk (walk_len items at most) is kept in shared memory. Where the
+    mask's rows blocks see keys in a way the walks do not assume (``_walk_fits``), one block per item."""
     Bc, cwg, stages = config or (WGMMA_WS_DROPOUT_CONFIGS if p.dropout else WGMMA_WS_CONFIGS)[p.D]
     Br = 64 * cwg
     n_m, cap = _cdiv(p.Nq, Br), WGMMA_WS_PERSISTENT_UNITS_PER_SM * (ctas or 0)
@@ -319,7 +342,9 @@ def wgmma_ws_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int]
             per_block = pairs / min(pairs, ctas)
             paired = per_block / math.ceil(per_block) >= WGMMA_WS_PAIRS_BALANCE
             units = pairs if paired else units
-    persistent = ctas and units <= cap
+    persistent = ctas and units <= cap and _walk_fits(p, Br, Bc)
+    if paired and not persistent:  # a block per item: no pairs
+        paired, units = False, n_m * p.B * p.H
     per_unit = 2 if paired else 1  # items
     grid = max(min(units, ctas), _cdiv(units * per_unit, WGMMA_WS_MAX_WALK)) if persistent else units
     walk_len = per_unit * _cdiv(units, grid)
