@@ -303,9 +303,10 @@ WGMMA_WS_MAX_WALK = 64
 # of N, sees fewer keys at both ends of the sequence, and a left bound alone fewer at the end: a static walk then gives
 # some blocks the heavy middle items and leaves the others idle at the end. Where the items' K/V tiles are neither
 # equal nor non-decreasing and the heaviest is above WGMMA_WS_WALK_SPREAD times their mean, the grid is a block per
-# item and the hardware hands them out. H100, B1 H16 N16384 D128 fp16, windows (w, w): the persistent walk took
-# 3.40 ms at w = 8192 and 1.91 at 4096, against 2.80 and 1.74 for a block per item, and was as fast or faster at
-# w <= 1024 (docs/results/benchmark/h100-variants/window/, commits 7ed87fa and 53e7bde).
+# item and the hardware hands them out. H100, B1 H16 N16384 D128 fp16, windows (w, w), the forward alone: a block per
+# item took 2.94 ms at w = 8192, 1.75 at 4096 and 0.97 at 2048 against 3.50, 2.21 and 0.99 for the persistent walk;
+# at w = 512 and 1024 (within the spread: persistent, kept) the two were within 1 %
+# (docs/results/cuda/forward_persistent/ws_window_walk.txt, tools/ws_window_walk.py).
 WGMMA_WS_WALK_SPREAD = 1.05
 
 

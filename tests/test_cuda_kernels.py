@@ -258,6 +258,16 @@ def test_launch_specs_grid_block_smem():
     assert walks[132].grid == (12,) and walks[132].scalars[-2:] == (("heads_per_section", 0), ("walk_len", 2))
     for window, units in (((-1, -1), 18), ((40, -1), 18), ((-1, 3), 12), ((40, 0), 12)):
         assert launch_specs.wgmma_ws_fwd(h._replace(window=window), ctas=132).grid == (units,), window
+    # The walks assume equal or (with a right bound) non-decreasing keys per rows block. A window bounded on both
+    # sides with room to run sees fewer keys at both ends of the sequence, a left bound alone fewer at the end: where
+    # the items' K/V tiles are neither and the heaviest is above WGMMA_WS_WALK_SPREAD times their mean
+    # (launch_specs._walk_fits), a block per item. N = 4096: 32 rows blocks of 128 per head, 64 items
+    long = h._replace(B=1, H=2, Nq=4096, Nk=4096)
+    for window, grid in (((2048, 2048), 64), ((2048, -1), 64), ((128, 128), 4), ((2048, 0), 4), ((-1, 0), 4),
+                         ((-1, -1), 4)):
+        assert launch_specs.wgmma_ws_fwd(long._replace(window=window), ctas=4).grid == (grid,), window
+    assert not launch_specs._walk_fits(long._replace(window=(2048, 2048)), 128, 128)
+    assert launch_specs._walk_fits(long._replace(window=(2048, 0)), 128, 128)  # non-decreasing: the walks' order
     sections, max_walk = launch_specs.WGMMA_WS_SECTION_BYTES, launch_specs.WGMMA_WS_MAX_WALK
     try:
         launch_specs.WGMMA_WS_SECTION_BYTES = 2 * 4 * 130 * 128  # K and V of 2 heads: sections of 2

@@ -756,6 +756,24 @@ def mma_forward_figures(R):
     ]
 
 
+def ws_window_walk_figures(R):
+    """wgmma-ws's forward with wide windows, a block per item against the persistent walk forced
+    (cuda/forward_persistent/ws_window_walk.txt, tools/ws_window_walk.py): performance.md §9, backend_cuda.md."""
+    rows = {}
+    for line in R.text("cuda/forward_persistent/ws_window_walk.txt").splitlines():
+        m = re.match(r"\((\d+), \d+\) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)$", line)
+        if m:
+            rows[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+    wide = [8192, 4096, 2048]
+    ws = ", ".join(f"{rows[w][0]:.2f}" for w in wide[:-1]) + f" and {rows[wide[-1]][0]:.2f}"
+    forced = ", ".join(f"{rows[w][1]:.2f}" for w in wide[:-1]) + f" and {rows[wide[-1]][1]:.2f}"
+    ratio = span([rows[w][0] / rows[w][1] for w in wide], f2, "×")
+    return [
+        ("docs/performance.md", f"{ws} ms against {forced} for the persistent walk\nat w = 8192, 4096 and 2048"),
+        ("docs/backend_cuda.md", f"{ratio} the persistent walk's time at windows (w, w) of 2048 to 8192 keys"),
+    ]
+
+
 def dropout_profile_figures(R):
     """performance.md §9's reading of the dropout profiles (cuda/ncu-dropout/profiles.json, tools/ncu_profile.py)."""
     prof = {p["label"]: max(p["kernels"], key=lambda k: k["time_us"]) for p in R.json("cuda/ncu-dropout/profiles.json")["profiles"]}
@@ -909,7 +927,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
