@@ -748,7 +748,15 @@ def mma_forward_figures(R):
     d64 = span([r["tflops"]["cuda-mma"] / r["tflops"]["sdpa-flash"] for r in hop if r["D"] == 64], f2, "×")
     d128 = span([r["tflops"]["cuda-mma"] / r["tflops"]["sdpa-flash"] for r in hop if r["D"] == 128 and not r["causal"]],
                 f2, "×")
+    sass = {}
+    for name, line in re.findall(r"_Z7mma_fwdILi64ELi(\d+)ELi4ELi2ELb0ELb0E\S*: .*\n\s+(.*)",
+                                 R.text("cuda/mma_forward/sass_summary_mma.txt")):
+        sass[int(name)] = {op: int(n) for op, n in re.findall(r"([A-Za-z0-9]+) (\d+)", line)}
+    per_hmma = {bc: f"{sass[bc]['total'] / sass[bc]['HMMA']:.1f}" for bc in sass}
     return [
+        ("docs/backend_cuda.md", f"{per_hmma[64]} instructions per `HMMA` in the 64-key kernel's SASS against "
+                                 f"{per_hmma[128]} in the\n128-key one, with the same {sass[64]['FMUL']} `FMUL` in both"
+                                 if sass[64]["FMUL"] == sass[128]["FMUL"] else "FMUL counts differ"),
         ("docs/backend_cuda.md", f"ran it at {old} the 64-key tile the sweep had chosen (which lacked it), and at {fa2} FA2"),
         ("docs/performance.md", f"{d64} FA2 in this run at every N"),
         ("docs/performance.md", f"timed alone, {old} the 64-key tile it replaces"),
