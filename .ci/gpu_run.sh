@@ -2,6 +2,7 @@
 # The project's GPU check, run on a CUDA machine from the repository root (nothing needs installing
 # beyond torch, triton, cupy, pytest, pytest-xdist, matplotlib, tqdm):
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
+#                                                      # (TESTS="files ..." and PYTEST_K="expression": a subset)
 #   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration
 #   bash .ci/gpu_run.sh --out results/gpu seed-calling # the same backward rows, each backward on the calling thread
 #                                                      # (--autograd-thread calling: autograd's multithreading off)
@@ -39,7 +40,7 @@ for step in "$@"; do
   case "$step" in
     tests)
       # in parallel first (compiles every kernel variant on many cores), then the accuracy table serially from the caches
-      timeout "${XDIST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 12 -rfEs ${TESTS:-tests} > "$OUT/pytest_xdist.log" 2>&1
+      timeout "${XDIST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n 12 -rfEs ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_xdist.log" 2>&1
       echo "pytest -n 12 rc=$?"; grep -E "passed|failed|error" "$OUT/pytest_xdist.log" | tail -n 3
       grep -E "^(FAILED|ERROR)" "$OUT/pytest_xdist.log" | head -n 20
       grep -E "^SKIPPED" "$OUT/pytest_xdist.log" | sort | uniq -c | sort -rn | head -n 12

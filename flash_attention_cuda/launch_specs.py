@@ -316,7 +316,7 @@ def _walk_fits(p: Problem, Br: int, Bc: int) -> bool:
     bound, non-decreasing from the first rows block to the last (the order the walks take them in)."""
     tiles = [len(masks.blocks(*masks.kv_range(m * Br, (m + 1) * Br, p.Nq, p.Nk, p.window), Bc))
              for m in range(_cdiv(p.Nq, Br))]
-    if p.window[1] >= 0 and all(a <= b for a, b in zip(tiles, tiles[1:])):
+    if not tiles or (p.window[1] >= 0 and all(a <= b for a, b in zip(tiles, tiles[1:]))):
         return True
     mean = sum(tiles) / len(tiles)
     return mean == 0 or max(tiles) <= WGMMA_WS_WALK_SPREAD * mean
