@@ -677,15 +677,18 @@ def test_long_sequence_matches_reference(kernel):
 # every config the benchmark's tile-config sweep tries (benchmarks/presets.py)
 MMA_SWEEP = [(D, c) for D, cands in CONFIG_CANDIDATES["mma"].items() for c in cands]
 WGMMA_SWEEP = [(D, c) for D, cands in CONFIG_CANDIDATES["wgmma"].items() for c in cands]
+WS_SWEEP = [(D, c) for D, cands in CONFIG_CANDIDATES["wgmma-ws"].items() for c in cands]
 
 
 @gpu
 @pytest.mark.parametrize("kernel,D,config", [("mma", D, c) for D, c in MMA_SWEEP]
-                         + [pytest.param("wgmma", D, c, marks=hopper) for D, c in WGMMA_SWEEP])
+                         + [pytest.param("wgmma", D, c, marks=hopper) for D, c in WGMMA_SWEEP]
+                         + [pytest.param("wgmma-ws", D, c, marks=hopper) for D, c in WS_SWEEP])
 def test_every_benchmarked_config(kernel, D, config):
-    """Every config the benchmark sweep tries (mma: Bc, warps, m16 tiles per warp; wgmma: Bc, warpgroups)
-    is right at odd shapes too, with one and several K/V tiles; the default tables stay as they were."""
-    defaults = (dict(fac.MMA_CONFIGS), dict(fac.WGMMA_CONFIGS))
+    """Every config the benchmark sweep or tools/cuda_forward_kernels.py tries (mma: Bc, warps, m16 tiles per
+    warp; wgmma: Bc, warpgroups; wgmma-ws: Bc, consumer warpgroups, stages) is right at odd shapes too, with one
+    and several K/V tiles; the default tables stay as they were."""
+    defaults = (dict(fac.MMA_CONFIGS), dict(fac.WGMMA_CONFIGS), dict(launch_specs.WGMMA_WS_CONFIGS))
     for Nq, Nk in ((100, 100), (37, 300), (300, 37), (1, 517), (450, 450)):
         q, k, v, _ = _inputs(2, 2, Nq, Nk, D, "float16")
         for causal in (False, True):
@@ -695,7 +698,7 @@ def test_every_benchmarked_config(kernel, D, config):
             fin = torch.isfinite(lse_ref)
             assert torch.equal(torch.isfinite(lse).cpu(), fin.cpu())
             assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < 1e-3
-    assert (fac.MMA_CONFIGS, fac.WGMMA_CONFIGS) == defaults
+    assert (fac.MMA_CONFIGS, fac.WGMMA_CONFIGS, launch_specs.WGMMA_WS_CONFIGS) == defaults
 
 
 @hopper

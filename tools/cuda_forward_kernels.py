@@ -5,7 +5,8 @@
 
 For each dtype, head dim, N and causal (B4 H16 by default): the forward kernels alone
 (``launch_specs.run_forward``; no autograd, no input checks) with kernel 'wgmma' (its library config) and
-kernel 'wgmma-ws' for each candidate (Bc, consumer warpgroups, stages), and SDPA's FlashAttention-2 and cuDNN
+kernel 'wgmma-ws' for each candidate (Bc, consumer warpgroups, stages;
+``benchmarks.presets.CONFIG_CANDIDATES['wgmma-ws']``), and SDPA's FlashAttention-2 and cuDNN
 forward. Before timing, each wgmma-ws config's output is compared with wgmma's (max abs difference, printed and
 recorded). Times are medians of CUDA-graph replays (``triton.testing.do_bench_cudagraph``; ``--timer events``:
 ``do_bench``), so they are the kernels' own: at N = 1024 a call's host time (tens of microseconds of Python)
@@ -28,10 +29,6 @@ import json
 import os
 import subprocess
 import sys
-
-CANDIDATES = {64: [(128, 2, 2), (128, 2, 3), (128, 3, 2), (64, 2, 4), (192, 2, 2)],
-              128: [(128, 2, 2), (64, 2, 3), (64, 2, 4), (128, 2, 3), (192, 2, 2)]}
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -133,7 +130,10 @@ def wgmma_ws_configs(q, k, v, window, scale, D, causal, args, timed):
     ms = {"wgmma": timed(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma"))}
     diff = {}
     library = launch_specs.WGMMA_WS_CONFIGS[D]
-    configs = [(cfg, "library") for cfg in (CANDIDATES.get(D, []) if args.configs == "all" else [library])]
+    from benchmarks.presets import CONFIG_CANDIDATES
+
+    configs = [(tuple(cfg), "library")
+               for cfg in (CONFIG_CANDIDATES["wgmma-ws"].get(D, []) if args.configs == "all" else [library])]
     walks = [(library, "pairs"), (library, "longest first")] if args.walks and causal else []
     for cfg, grid in configs + [(library, "persistent"), (library, "a block per unit")] + walks:
         # library: the grid launch_specs picks (persistent up to WGMMA_WS_PERSISTENT_UNITS_PER_SM units per SM);
