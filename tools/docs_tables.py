@@ -530,6 +530,59 @@ def t_forward_persistent(R, lang):
     return table(header, out, right=set(range(4, 9)))
 
 
+WS_TILES = (("wgmma-ws 160x2x2", "160"), ("wgmma-ws 176x2x2", "176"), ("wgmma-ws 192x2x2", "192"),
+            ("wgmma-ws 128x2x3", "128, 3 stages"))
+
+
+def t_forward_tiles(R, lang):
+    """wgmma-ws's K/V tile candidates at D = 128 timed alone (docs/results/cuda/forward_tiles/forward_kernels.json,
+    CONFIG_CANDIDATES['wgmma-ws']): TFLOP/s of the library's tile, the wider ones and three stages, with cuDNN."""
+    lib, out = _ws_name(128), []
+    for r in R.json("cuda/forward_tiles/forward_kernels.json")["rows"]:
+        t = r["tflops"]
+        out.append([SHORT_DTYPE[r["dtype"]], r["N"], H(lang, "yes", "是") if r["causal"] else H(lang, "no", "否"),
+                    f0(t["sdpa-cudnn"]), f0(t[lib])] + [f0(t[name]) for name, _ in WS_TILES])
+    keys = H(lang, "keys", "个键")
+    header = [H(lang, "dtype", "数据类型"), "N", H(lang, "causal", "因果"), "cuDNN",
+              H(lang, "128 keys (library)", "128 个键（库）")] + [
+              f"{label} {keys}" if "stages" not in label else H(lang, "128 keys, 3 stages", "128 个键，3 级") for _, label in WS_TILES]
+    return table(header, out, right=set(range(3, 9)))
+
+
+def forward_tiles_figures(R):
+    """The figures performance.md §7 and backend_cuda.md quote from forward_tiles/ (the kernels alone) and from the
+    SASS record beside it (ptxas's spill stores per tile)."""
+    rows, lib = R.json("cuda/forward_tiles/forward_kernels.json")["rows"], _ws_name(128)
+
+    def rel(name, pick):
+        return span([r["tflops"][name] / r["tflops"][lib] for r in rows if pick(r)], f2, "×")
+    full16k = lambda r: r["N"] == 16384 and not r["causal"]  # noqa: E731
+    full4k = lambda r: r["N"] == 4096 and not r["causal"]  # noqa: E731
+    spills = {int(bc): int(b) for bc, b in re.findall(
+        r"_Z12wgmma_ws_fwdILi128ELi(\d+)ELi2ELi2ELb0ELb0E\S*: \d+ registers, (\d+) bytes spill stores",
+        R.text("cuda/forward_tiles/sass_summary_wgmma_ws.txt"))}
+    return [
+        ("docs/performance.md", f"192 keys are {rel('wgmma-ws 192x2x2', full16k)} the 128-key tile and 160 keys "
+                                f"{rel('wgmma-ws 160x2x2', full16k)}"),
+        ("docs/performance.md", f"at N = 4096 {rel('wgmma-ws 192x2x2', full4k)} and {rel('wgmma-ws 160x2x2', full4k)}"),
+        ("docs/performance.md", f"176 keys, FlashAttention-3's tile, are {rel('wgmma-ws 176x2x2', lambda r: r['N'] >= 4096 and not r['causal'])}"),
+        ("docs/performance.md", f"every wider tile loses at N = 1024 ({rel('wgmma-ws 160x2x2', lambda r: r['N'] == 1024)}, "
+                                f"{rel('wgmma-ws 176x2x2', lambda r: r['N'] == 1024)} and {rel('wgmma-ws 192x2x2', lambda r: r['N'] == 1024)})"),
+        ("docs/performance.md", "N = 16384, causal, the three are " + span(
+            [r["tflops"][name] / r["tflops"][lib] for r in rows if r["N"] == 16384 and r["causal"]
+             for name in ("wgmma-ws 160x2x2", "wgmma-ws 176x2x2", "wgmma-ws 192x2x2")], f2, "×")),
+        ("docs/performance.md", f"ptxas reports {spills[160]}, {spills[176]} and {spills[192]} bytes of spill stores at 160, 176 and 192 "
+                                f"keys ({spills[128]} at 128"),
+        ("docs/performance.md", f"Three stages of 128 keys: {rel('wgmma-ws 128x2x3', full16k)} at N = 16384 not causal, "
+                                f"{rel('wgmma-ws 128x2x3', lambda r: r['N'] == 4096)} at N = 4096"),
+        ("docs/performance.md", "the library's tile is " + span([r["tflops"][lib] / r["tflops"]["sdpa-cudnn"] for r in rows
+                                                               if r["N"] >= 4096 and not r["causal"]], f2, "×")
+         + " cuDNN at D = 128, N ≥ 4096, not causal"),
+        ("docs/backend_cuda.md", f"176 keys, FlashAttention-3's tile at this head dim without a mask, ran at "
+                                 f"{rel('wgmma-ws 176x2x2', lambda r: r['N'] >= 4096 and not r['causal'])} the 128-key tile"),
+    ]
+
+
 def _ws_name(D):
     """The forward_kernels.json column of wgmma-ws in the library's config for head dim D."""
     from flash_attention_cuda.launch_specs import WGMMA_WS_CONFIGS
@@ -665,6 +718,7 @@ TABLES = {
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
+    "forward-tiles": t_forward_tiles,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -935,7 +989,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
