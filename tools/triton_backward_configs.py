@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python tools/triton_backward_configs.py --n 1024 --head-dim 128                # on a CUDA GPU
     PYTHONPATH=. python tools/triton_backward_configs.py --batch 4 --heads 32 --head-dim 64 --causal both
+    PYTHONPATH=. python tools/triton_backward_configs.py --batch 1 --n 16384 --window 256,256 --extra dkdv:32,128,4,3
 
 For one shape (B, H, N, D) and each dtype and causal setting, one line each:
 
@@ -15,7 +16,10 @@ For one shape (B, H, N, D) and each dtype and causal setting, one line each:
   ``flash_attn_cuda``'s; with ``--calling-thread``, each of these again with autograd's multithreading off:
   the backward on the calling thread instead of the device thread autograd runs CUDA nodes on);
 * then each candidate of ``configs.DKDV_CONFIGS`` (with the tuned dQ config) and of ``configs.DQ_CONFIGS``
-  (with the tuned dK/dV config), ``launch._backward`` alone.
+  (with the tuned dK/dV config), ``launch._backward`` alone, and each ``--extra`` config not among them.
+
+``--window LEFT,RIGHT`` times a sliding window (``window_size``; --causal then sets nothing) with the ``alone`` and
+per-config lines only.
 
 TFLOP/s are 2.5 x 4·B·H·N²·D (x0.5 causal) over the median.
 """
@@ -34,6 +38,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16,bfloat16")
     ap.add_argument("--causal", choices=("no", "yes", "both"), default="no")
     ap.add_argument("--no-candidates", action="store_true", help="skip the per-config lines")
+    ap.add_argument("--window", default=None, help="LEFT,RIGHT: a sliding window instead of --causal (alone and "
+                                                   "per-config lines only)")
+    ap.add_argument("--extra", action="append", default=[],
+                    help="KERNEL:BM,BN,WARPS,STAGES, a config to time beside the candidates (repeatable), e.g. "
+                         "dkdv:32,128,4,3")
     ap.add_argument("--cuda", action="store_true", help="also flash_attn_cuda (kernel='auto') through autograd")
     ap.add_argument("--calling-thread", action="store_true",
                     help="also time each autograd line with torch.autograd.set_multithreading_enabled(False): the "
@@ -54,16 +63,34 @@ def main(argv=None) -> int:
     B, H, N, D = args.batch, args.heads, args.n, args.head_dim
     scale = D ** -0.5
     causals = {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
+    extra = {"dkdv": [], "dq": []}
+    for item in args.extra:
+        kernel, _, cfg = item.partition(":")
+        if kernel not in extra or len(cfg.split(",")) != 4:
+            ap.error(f"--extra: expected dkdv:BM,BN,WARPS,STAGES or dq:BM,BN,WARPS,STAGES, got {item!r}")
+        extra[kernel].append(tuple(int(c) for c in cfg.split(",")))
+    window = None
+    if args.window is not None:
+        left, right = (int(c) for c in args.window.split(","))
+        window, causals = (left, right), (False,)
     print(f"Triton backward, B={B} H={H} N={N} D={D}; times in ms (do_bench median [p20, p80]); "
           f"GPU {torch.cuda.get_device_name()}, triton {triton.__version__}, torch {torch.__version__}", flush=True)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for dtype in args.dtype.split(","):
         for causal in causals:
-            flops = 2.5 * attention_flops(B, H, N, N, D, causal=causal)
+            # with a window, the visible scores only (as the variants benchmark counts them)
+            flops = attention_flops(B, H, N, N, D, causal=causal, mode="bwd", window_size=window)
             tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
             x = make_inputs(B, H, N, N, D, dtype=dtype, device="cuda")
             q, k, v, do = x["q"], x["k"], x["v"], x["do"]
             qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            head = f"{dtype} causal={'yes' if causal else 'no'}" + (f" window={window}" if window else "")
+            if window is not None:
+                o, lse = L._forward(q, k, v, window, scale)
+                alone = lambda cfg=None: L._backward(q, k, v, o, lse, do, window, scale, configs=cfg)  # noqa: E731
+                alone()  # autotunes this key
+                _configs(C, L, alone, head, tf, D, window, dtype, extra, args.no_candidates)
+                continue
             with torch.enable_grad():
                 o_auto, _ = FlashAttnTritonFunction.apply(qg, kg, vg, causal, scale)
                 o_cuda = None
@@ -84,7 +111,6 @@ def main(argv=None) -> int:
 
             alone()  # autotunes this length bucket
             torch.cuda.synchronize()
-            head = f"{dtype} causal={'yes' if causal else 'no'}"
             lines = [("triton autograd", grad_of(o_auto)), ("sdpa-flash autograd", grad_of(o_fa2))]
             if o_cuda is not None:
                 lines.append(("cuda autograd", grad_of(o_cuda)))
@@ -96,22 +122,32 @@ def main(argv=None) -> int:
                     txt = "; ".join(f"{m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s" for m, lo, hi, *_ in runs)
                     label = name if threads else name + " (calling thread)"
                     print(f"{head} {label}: {txt}; host {host * 1e3:.0f} us/call", flush=True)
-            m, lo, hi, *_ = time_gpu(alone, repeats=5)
-            plan = {key[0]: cfg for key, cfg in L._PLAN.items()
-                    if key[3] == D and key[5] == (0 if causal else -1) and key[-2] == getattr(torch, dtype)}
-            print(f"{head} triton alone: {m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s; tuned configs "
-                  f"(BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
-            if args.no_candidates:
-                continue
-            for kernel, other in (("dkdv", "dq"), ("dq", "dkdv")):
-                for cand in C.CANDIDATES[kernel]:
-                    try:
-                        ms = triton.testing.do_bench(lambda: alone({kernel: cand, other: plan[other]}),
-                                                     warmup=25, rep=100)
-                        print(f"  {kernel} {cand}: {ms:.4f} ms = {tf(ms):.0f} TFLOP/s", flush=True)
-                    except Exception as exc:  # noqa: BLE001 - a config that does not fit is a line, not the end
-                        print(f"  {kernel} {cand}: failed: {type(exc).__name__}: {str(exc)[:80]}")
+            _configs(C, L, alone, head, tf, D, (-1, 0 if causal else -1), dtype, extra, args.no_candidates)
     return 0
+
+
+def _configs(C, L, alone, head, tf, D, window, dtype, extra, no_candidates):
+    """The ``alone`` line with the tuned configs, then every candidate and extra config of each kernel (the other
+    kernel on its tuned config)."""
+    import torch
+    import triton
+
+    from benchmarks.measure import time_gpu
+
+    m, lo, hi, *_ = time_gpu(alone, repeats=5)
+    plan = {key[0]: cfg for key, cfg in L._PLAN.items()
+            if key[3] == D and tuple(key[4:6]) == tuple(window) and key[-2] == getattr(torch, dtype)}
+    print(f"{head} triton alone: {m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s; tuned configs "
+          f"(BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
+    if no_candidates:
+        return
+    for kernel, other in (("dkdv", "dq"), ("dq", "dkdv")):
+        for cand in list(C.CANDIDATES[kernel]) + [c for c in extra[kernel] if c not in C.CANDIDATES[kernel]]:
+            try:
+                ms = triton.testing.do_bench(lambda: alone({kernel: cand, other: plan[other]}), warmup=25, rep=100)
+                print(f"  {kernel} {cand}: {ms:.4f} ms = {tf(ms):.0f} TFLOP/s", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is a line, not the end
+                print(f"  {kernel} {cand}: failed: {type(exc).__name__}: {str(exc)[:80]}")
 
 
 if __name__ == "__main__":
