@@ -79,6 +79,8 @@ WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2), 256: (64, 2)}
 # wgmma-ws: (Bc keys per K/V tile, consumer warpgroups, K/V stages); Br = 64 * consumer warpgroups query rows per
 # block, plus one producer warpgroup. Chosen by tools/cuda_forward_kernels.py on an H100
 # (docs/results/cuda/forward_kernels.md): at D = 64 three consumer warpgroups (Br = 192) beat two by 10-15 %.
+# D = 128: K/V tiles of 160, 176 (FlashAttention-3's without a mask) and 192 keys were timed too and lose at
+# N <= 4096 (docs/results/cuda/forward_tiles/: 176 keys 0.88-0.95x the 128-key tile at N >= 4096, not causal).
 # D = 256: 64-key tiles (an accumulator of 64 x 256 is 128 of a consumer's 240 registers; S_ij and P_ij of 128
 # keys would not fit beside it); shared memory Q 64 KiB + 2 stages of K and V 32 KiB each = 192 KiB.
 WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
