@@ -283,6 +283,12 @@ def test_gpu_timer_glue(monkeypatch):
     assert calls["quantiles"] == [0.5, 0.2, 0.8]
     med, lo, hi, n, timer = measure.time_gpu(lambda: time.sleep(0.21), repeats=1)
     assert n == 1 and timer == "cuda.synchronize+perf_counter" and lo <= med <= hi and med >= 200
+    # a call under SHORT_CALL_MS: the median of SHORT_CALL_ROUNDS rounds' medians, a slow round outvoted
+    rounds = iter([[0.05, 0.04, 0.06], [0.09, 0.08, 0.11], [0.051, 0.045, 0.055]])
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep, quantiles: next(rounds))
+    assert measure.SHORT_CALL_ROUNDS == 3
+    assert measure.time_gpu(lambda: None, repeats=3) == (0.051, 0.04, 0.11, None,
+                                                         "triton.testing.do_bench, median of 3 rounds")
 
 
 def test_cpu_naive_too_big_is_oom_not_run(tmp_path):
