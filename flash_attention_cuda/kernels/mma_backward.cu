@@ -62,6 +62,32 @@ __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT
     bwd::p_and_ds<KEY_ROWS, DROPOUT>(P_ij, dS_ij, lse2, delta, scale_log2, mask, row0, col0, drop);
 }
 
+// ... the same with both A operands in registers: a_s and a_dp hold the warp's 16 rows of s_a and dp_a as D / 16 A
+// fragments each (load_a_rows), loaded once where those rows stay for the whole loop (K_w and V_w in the dK/dV
+// kernel). Each tile then reads only its B operands from shared memory: at D = 64 and Br = 64, 64 ldmatrix.x4 a
+// warp instead of 72 (with dV's and dK's products).
+template <bool KEY_ROWS, bool DROPOUT, int D, int NT, bool BF16>
+__device__ __forceinline__ void p_and_ds_regs(float (&P_ij)[NT][4], float (&dS_ij)[NT][4],
+                                              const unsigned (&a_s)[D / 16][4], unsigned s_b,
+                                              const unsigned (&a_dp)[D / 16][4], unsigned dp_b, const float* lse2,
+                                              const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                              int col0, const Dropout& drop) {
+    zero(P_ij);
+    zero(dS_ij);
+    const auto from = [](const unsigned (&frags)[D / 16][4]) {
+        return [&frags](unsigned (&a)[4], int, int kk) { a[0] = frags[kk][0], a[1] = frags[kk][1], a[2] = frags[kk][2], a[3] = frags[kk][3]; };
+    };
+    mma_abt_rows<D, NT, 1, BF16>(reinterpret_cast<float (&)[1][NT][4]>(P_ij), from(a_s), s_b, 0);     // S_ij first
+    mma_abt_rows<D, NT, 1, BF16>(reinterpret_cast<float (&)[1][NT][4]>(dS_ij), from(a_dp), dp_b, 0);  // dP_ij first
+    bwd::p_and_ds<KEY_ROWS, DROPOUT>(P_ij, dS_ij, lse2, delta, scale_log2, mask, row0, col0, drop);
+}
+// rows row0 .. row0 + 15 of tile sA (rows, D) as D / 16 A fragments
+template <int D>
+__device__ __forceinline__ void load_a_rows(unsigned (&a)[D / 16][4], unsigned sA, int row0) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(a[kk], sA, row0, kk);
+}
+
 // Shared memory of both kernels: (rows, D) 16-bit swizzled tiles, two that stay for the whole loop (STAY rows
 // each), then two streamed through two buffers each (STREAM rows each, buffer b at + b * STREAM_BYTES).
 template <int D, int STAY, int STREAM>
@@ -232,6 +258,9 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     float dk[DC / 8][4], dv[DC / 8][4];  // the warp's 16 rows of dK_j and dV_j (DC columns), summed over the group
     zero(dk);
     zero(dv);
+    // D = 64 (no dropout, no dQ sums): the warp's K_w and V_w in registers for the whole loop, 32 of them a thread
+    constexpr bool A_REGS = D <= 64 && !DROPOUT && !DQ;
+    unsigned kA[A_REGS ? D / 16 : 1][4], vA[A_REGS ? D / 16 : 1][4];
     for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
         const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
         stream_loop(tiles.count, stream, [&](int it, int buf) {
@@ -239,8 +268,14 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
             // P_ij^T and dS_ij^T: the warp's 16 keys x Br queries, from S^T = K_w Q_i^T and dP^T = V_w dO_i^T
             float P_ij[Br / 8][4], dS_ij[Br / 8][4];  // transposed: P_ij^T, dS_ij^T
-            p_and_ds<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, sK, qb, sV, db, wkey, sL + buf * Br,
-                                                     sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            if constexpr (A_REGS) {
+                if (it == 0) load_a_rows<D>(kA, sK, wkey), load_a_rows<D>(vA, sV, wkey);  // K_j, V_j have landed
+                p_and_ds_regs<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, kA, qb, vA, db, sL + buf * Br,
+                                                              sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            } else {
+                p_and_ds<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, sK, qb, sV, db, wkey, sL + buf * Br,
+                                                         sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            }
             unsigned a[Br / 16][4];
             pack_a<Br / 8, BF16>(a, P_ij);
             mma_ab<D, Br / 16, BF16, DC>(dv, a, db, 0, col0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
@@ -337,6 +372,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     float dq[D / 8][4];  // the warp's 16 rows of dQ_i
     zero(dq);
+    // (Q_w and dO_w stay for the whole loop too, but 32 more registers for their fragments would cost this kernel
+    // its third block per SM at D = 64: 183 registers a thread against 168)
     stream_loop(tiles.count, stream, [&](int jt, int buf) {
         const unsigned kb = sK + buf * KV_BYTES, vb = sV + buf * KV_BYTES;
         // P_ij and dS_ij: the warp's 16 queries x Bc keys, from S = Q_w K_j^T and dP = dO_w V_j^T
