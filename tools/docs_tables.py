@@ -832,6 +832,17 @@ def triton_window_configs_figures(R):
     return quotes + [("docs/performance.md", f"beats the tuned pair, dQ {dq} and dK/dV {kv}, by more than 1 %")]
 
 
+def mma_backward_regs_figures(R):
+    """backend_cuda.md: the mma backward with K_w, V_w in registers (cuda/mma_backward/<shape>/, D = 64): the two
+    kernels against the unchanged mma-fused and against FA2, in the same runs."""
+    rows = [r for shape in ("b4h32-d64", "seed-b8h12-d64")
+            for r in R.json(f"cuda/mma_backward/{shape}/backward_kernels.json")["rows"]]
+    fused = span([r["tflops"]["mma"] / r["tflops"]["mma-fused"] for r in rows], f2, "×")
+    fa2 = span([r["tflops"]["mma"] / r["tflops"]["sdpa-flash"] for r in rows], f2, "×")
+    return [("docs/backend_cuda.md", f"the two kernels went from 0.95–1.01× to {fused} of it; against FA2\n"
+                                     f"in the same runs they are at {fa2}")]
+
+
 def ws_window_walk_figures(R):
     """wgmma-ws's forward with wide windows, a block per item against the persistent walk forced
     (cuda/forward_persistent/ws_window_walk.txt, tools/ws_window_walk.py): performance.md §9, backend_cuda.md."""
@@ -1003,7 +1014,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
