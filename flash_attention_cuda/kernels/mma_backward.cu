@@ -74,8 +74,11 @@ __device__ __forceinline__ void p_and_ds_regs(float (&P_ij)[NT][4], float (&dS_i
                                               int col0, const Dropout& drop) {
     zero(P_ij);
     zero(dS_ij);
-    const auto from = [](const unsigned (&frags)[D / 16][4]) {
-        return [&frags](unsigned (&a)[4], int, int kk) { a[0] = frags[kk][0], a[1] = frags[kk][1], a[2] = frags[kk][2], a[3] = frags[kk][3]; };
+    const auto from = [](const unsigned (&frags)[D / 16][4]) {  // mma_abt_rows' a_frag: k-step kk from registers
+        return [&frags](unsigned (&a)[4], int, int kk) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) a[x] = frags[kk][x];
+        };
     };
     mma_abt_rows<D, NT, 1, BF16>(reinterpret_cast<float (&)[1][NT][4]>(P_ij), from(a_s), s_b, 0);     // S_ij first
     mma_abt_rows<D, NT, 1, BF16>(reinterpret_cast<float (&)[1][NT][4]>(dS_ij), from(a_dp), dp_b, 0);  // dP_ij first

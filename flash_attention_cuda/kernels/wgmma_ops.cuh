@@ -137,7 +137,8 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long da, unsigned long long db,
                                          int accumulate) {
-    static_assert(N == 32 || N == 64 || N == 128 || N == 160 || N == 176 || N == 192, "n32, n64, n128, n160, n176 or n192");
+    static_assert(N == 32 || N == 64 || N == 128 || N == 160 || N == 176 || N == 192,
+                  "n32, n64, n128, n160, n176 or n192");
     if constexpr (N == 32 && !BF16) FA_WGMMA_SS(32, ".f16.f16", FA_R16, FA_D16, 16, 17, 18, 0);
     if constexpr (N == 32 && BF16) FA_WGMMA_SS(32, ".bf16.bf16", FA_R16, FA_D16, 16, 17, 18, 0);
     if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 0);
