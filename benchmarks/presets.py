@@ -315,8 +315,8 @@ PRESETS = {p.name: p for p in (
 # ------------------------------------------------------------------------------------ tile-config sweep
 # candidates per kernel and D: mma (Bc, warps, m16 tiles per warp; Br = 16 x tiles x warps), wgmma (Bc,
 # warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D), wgmma-ws
-# (Bc, consumer warpgroups, K/V stages; Br = 64 x consumer warpgroups: tools/cuda_forward_kernels.py times them,
-# the sweep below does not; 176 keys is FlashAttention-3's tile at D = 128 without a mask)
+# (Bc, consumer warpgroups, K/V stages; Br = 64 x consumer warpgroups; tools/cuda_forward_kernels.py times them
+# beside the other grids; 176 keys is FlashAttention-3's tile at D = 128 without a mask)
 CONFIG_CANDIDATES = {
     "mma": {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2), (128, 4, 2)],
             128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]},
@@ -360,7 +360,7 @@ def _sweep_call(kernel, x, causal, config):
 
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
     launcher = importlib.import_module("flash_attention_cuda.launcher")
-    if kernel in ("mma", "wgmma"):
+    if kernel in ("mma", "wgmma", "wgmma-ws"):  # the forwards
         return lambda: launcher.forward_with_config(q, k, v, kernel=kernel, config=config, causal=causal)
     from flash_attention_py.masks import window_for
     from flash_attention_py.validation import resolve_softmax_scale

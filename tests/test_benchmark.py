@@ -550,6 +550,14 @@ def test_config_sweep_passes_configs_in_and_writes_no_table(monkeypatch):
     assert set(result["best"]) == {"mma", "wgmma"} and set(result["best"]["mma"]) == {"64", "128"}
     assert all(r["ms"] == 4.0 for r in result["results"])  # full + causal, 2.0 ms each from the stand-in timer
     assert result["library"]["mma"] == {"64": [64, 4, 2], "128": [128, 8, 1]}
+    # wgmma-ws's candidates go to the same config-taking forward, and its table is recorded, not written
+    specs.WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2)}
+    seen.clear()
+    result = presets.config_sweep(("wgmma-ws",), ((1, 1, 128),), "cpu", log=lambda text: None)
+    assert seen == [("wgmma-ws", 128, c, causal) for c in presets.CONFIG_CANDIDATES["wgmma-ws"][128]
+                    for causal in (False, True)]
+    assert result["library"]["wgmma-ws"] == {"64": [128, 3, 2], "128": [128, 2, 2]}
+    assert specs.WGMMA_WS_CONFIGS == {64: (128, 3, 2), 128: (128, 2, 2)}
 
 
 def _benchmark_sources():
