@@ -54,8 +54,8 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi, int BH, int heads_per_section, int walk_len) {
     using namespace wgmma_ops;
-    static_assert((D == 64 || D == 128 || D == 256) && (Bc == 64 || Bc == 128 || Bc == 160 || Bc == 176 || Bc == 192),
-                  "D in {64, 128, 256}, Bc in {64, 128, 160, 176, 192}");
+    static_assert(D == 64 || D == 128 || D == 256, "D in {64, 128, 256}");
+    static_assert(Bc == 64 || Bc == 128 || Bc == 160 || Bc == 176 || Bc == 192, "Bc in {64, 128, 160, 176, 192}");
     static_assert((CWG == 2 || CWG == 3) && STAGES >= 2, "2 or 3 consumer warpgroups, at least 2 stages");
     constexpr int Br = 64 * CWG;        // query rows per work item
     constexpr int CT = CWG * 128;        // consumer threads
