@@ -120,6 +120,7 @@ def attn_bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
     H, group, splits, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, K/V head, split) per program.
@@ -156,19 +157,25 @@ def attn_bwd_dkdv_kernel(
         LSE_ptr = LSE + pid_bh * Nq
         DELTA_ptr = DELTA + pid_bh * Nq
         drop_row0 = pid_bh * Nq  # dropout offsets: ((b*H + h)*Nq + i)*Nk + j
-        if WINDOW_RIGHT >= 0:
+        if ONE_LOOP:  # every Q block masked, in one loop
             dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, end,
                                  drop_row0, dropout_p, dropout_seed,
                                  True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
-                             drop_row0, dropout_p, dropout_seed,
-                             False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
-                             drop_row0, dropout_p, dropout_seed,
-                             True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        else:
+            if WINDOW_RIGHT >= 0:
+                dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                                     offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
+                                     drop_row0, dropout_p, dropout_seed,
+                                     True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
+                                 drop_row0, dropout_p, dropout_seed,
+                                 False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
+                                 drop_row0, dropout_p, dropout_seed,
+                                 True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
     # dK_j = softmax_scale * sum_h sum_i dS_ij^T Q_i  (summed over the group's query heads)
     dk = dk * (scale_log2 * _LN2)
 
@@ -214,6 +221,7 @@ def attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
     H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Delta_i and dQ_i for one Q block (Br = BLOCK_M queries) of one (batch, head) per program.
@@ -245,16 +253,21 @@ def attn_bwd_dq_kernel(
 
     # the forward's K/V stages: [start, full_start) partial, [full_start, full_end) full, [full_end, end) partial
     start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
-    if WINDOW_LEFT >= 0:
+    if ONE_LOOP:  # every K/V block masked, in one loop
         dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
+                       Nq, Nk, scale_log2, start, end, drop_rows, dropout_p, dropout_seed,
                        True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
-                   False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
-                   True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    else:
+        if WINDOW_LEFT >= 0:
+            dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                           Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
+                           True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                       Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
+                       False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                       Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
+                       True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     # dQ_i = softmax_scale * sum_j dS_ij K_j
     dq = dq * (scale_log2 * _LN2)
 

@@ -111,7 +111,8 @@ def _autotuned(kernel_name: str, jit_fn):
 
     return triton.autotune(
         configs=C.triton_configs(kernel_name),
-        key=["Nq", "Nk", "HEAD_DIM", "WINDOW_LEFT", "WINDOW_RIGHT", "DROPOUT", "group"],  # + the tensors' dtypes
+        key=["Nq", "Nk", "HEAD_DIM", "WINDOW_LEFT", "WINDOW_RIGHT", "DROPOUT", "group"]  # + the tensors' dtypes
+        + ([] if kernel_name == "fwd" else ["ONE_LOOP"]),
         prune_configs_by={"early_config_prune": early_prune},
         do_bench=lambda fn, quantiles: triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles),
     )(jit_fn)
@@ -242,7 +243,8 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
             config = C.small_config(kernel, block_d, elem)
         else:
             plan_key = (kernel, length_bucket(Nq), length_bucket(Nk), consts["HEAD_DIM"], consts["WINDOW_LEFT"],
-                        consts["WINDOW_RIGHT"], consts["DROPOUT"], group > 1, args[0].dtype, args[0].device)
+                        consts["WINDOW_RIGHT"], consts["DROPOUT"], consts.get("ONE_LOOP"), group > 1, args[0].dtype,
+                        args[0].device)
             config = _PLAN.get(plan_key)
             if config is None:
                 grid = lambda meta: (_cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
@@ -424,6 +426,17 @@ def _sum_splits(dk, dv, dk_out, dv_out, splits: int) -> None:
         grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
 
 
+ONE_LOOP = None  # None: one_loop's rule; True or False: every backward (tools/triton_window_loops.py sets it)
+
+
+def one_loop(window: tuple, Nq: int, Nk: int) -> bool:
+    """Whether the backward kernels visit their blocks in one masked loop (ONE_LOOP) instead of three stages
+    (partial, full, partial: no elementwise mask on the full blocks)."""
+    if ONE_LOOP is not None:
+        return bool(ONE_LOOP)
+    return False
+
+
 def _backward_full(q, k, v, o, lse, do, window, scale, configs, drop, key):
     """The backward's two launches through _launch (configs, tuning, launch keys); leaves a call plan under
     ``key`` (not None) when both went through the compiled-kernel cache."""
@@ -432,7 +445,7 @@ def _backward_full(q, k, v, o, lse, do, window, scale, configs, drop, key):
     B, H, Nq, D = q.shape
     Nk, Hk = k.shape[2], k.shape[1]
     group = H // Hk
-    consts = _consts_of(D, window, drop[0] > 0.0, _dot_prec(q))
+    consts = dict(_consts_of(D, window, drop[0] > 0.0, _dot_prec(q)), ONE_LOOP=one_loop(window, Nq, Nk))
     block_d, elem = consts["BLOCK_D"], q.element_size()
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     # gradients come out contiguous (B, H, N, D), whatever the inputs' strides
