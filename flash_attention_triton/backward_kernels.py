@@ -23,6 +23,8 @@ from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) ma
 The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
 ``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
 elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited.
+With ``ONE_LOOP`` (a constexpr, ``launch.one_loop`` decides) the kernels visit the same blocks in one loop and
+mask every one of them: more elementwise work per block, but one software pipeline to fill instead of three.
 BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
 gradients' factor softmax_scale is scale_log2 * ln(2).
 
