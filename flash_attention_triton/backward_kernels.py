@@ -23,8 +23,9 @@ from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) ma
 The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
 ``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
 elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited.
-With ``ONE_LOOP`` (a constexpr, ``launch.one_loop`` decides) the kernels visit the same blocks in one loop and
-mask every one of them: more elementwise work per block, but one software pipeline to fill instead of three.
+With ``ONE_LOOP`` (a constexpr of the dQ kernel; ``launch.one_loop`` decides) the dQ kernel visits the same
+blocks in one loop and masks every one of them: more elementwise work per block, but one software pipeline to
+fill instead of three, which pays where a narrow window leaves few blocks to each program.
 BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
 gradients' factor softmax_scale is scale_log2 * ln(2).
 
@@ -122,7 +123,6 @@ def attn_bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
     H, group, splits, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """dK_j, dV_j for one K/V block (Bc = BLOCK_N keys) of one (batch, K/V head, split) per program.
@@ -159,25 +159,19 @@ def attn_bwd_dkdv_kernel(
         LSE_ptr = LSE + pid_bh * Nq
         DELTA_ptr = DELTA + pid_bh * Nq
         drop_row0 = pid_bh * Nq  # dropout offsets: ((b*H + h)*Nq + i)*Nk + j
-        if ONE_LOOP:  # every Q block masked, in one loop
+        if WINDOW_RIGHT >= 0:
             dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, end,
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
                                  drop_row0, dropout_p, dropout_seed,
                                  True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-        else:
-            if WINDOW_RIGHT >= 0:
-                dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                     offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
-                                     drop_row0, dropout_p, dropout_seed,
-                                     True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
-                                 drop_row0, dropout_p, dropout_seed,
-                                 False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
-                                 drop_row0, dropout_p, dropout_seed,
-                                 True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
+                             drop_row0, dropout_p, dropout_seed,
+                             False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
+                             drop_row0, dropout_p, dropout_seed,
+                             True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
     # dK_j = softmax_scale * sum_h sum_i dS_ij^T Q_i  (summed over the group's query heads)
     dk = dk * (scale_log2 * _LN2)
 

@@ -20,7 +20,8 @@ For one shape (B, H, N, D) and each dtype and causal setting, one line each:
 
 ``--window LEFT,RIGHT`` times a sliding window (``window_size``; --causal then sets nothing) with the ``alone`` and
 per-config lines only; ``--one-loop both`` times it with each loop shape of the backward kernels
-(``launch.one_loop``: three stages, partial, full and partial, or every block masked in one loop).
+(``launch.one_loop``: the dQ kernel's three stages, partial, full and partial, or every block masked in one
+loop).
 
 TFLOP/s are 2.5 x 4·B·H·N²·D (x0.5 causal) over the median.
 """
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", default=None, help="LEFT,RIGHT: a sliding window instead of --causal (alone and "
                                                    "per-config lines only)")
     ap.add_argument("--one-loop", choices=("rule", "no", "yes", "both"), default="rule",
-                    help="with --window: the backward kernels' loop shape (launch.ONE_LOOP): launch.one_loop's rule, "
+                    help="with --window: the dQ kernel's loop shape (launch.ONE_LOOP): launch.one_loop's rule, "
                          "three stages (no), every block masked in one loop (yes), or each in turn (both)")
     ap.add_argument("--extra", action="append", default=[],
                     help="KERNEL:BM,BN,WARPS,STAGES, a config to time beside the candidates (repeatable), e.g. "
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
                     L.ONE_LOOP = one  # None: launch.one_loop's rule
                     L._CALLS.clear()
                     alone()  # autotunes this key
-                    loop = "one loop" if L.one_loop(window, N, N) else "three stages"
+                    loop = "dQ in one loop" if L.one_loop(window) else "dQ in three stages"
                     _configs(C, L, alone, f"{head} ({loop})", tf, D, window, dtype, extra, args.no_candidates)
                 L.ONE_LOOP = None
                 continue
@@ -147,7 +148,7 @@ def _configs(C, L, alone, head, tf, D, window, dtype, extra, no_candidates):
     m, lo, hi, *_ = time_gpu(alone, repeats=5)
     plan = {key[0]: cfg for key, cfg in L._PLAN.items()
             if key[3] == D and tuple(key[4:6]) == tuple(window) and key[-2] == getattr(torch, dtype)
-            and key[7] == L.one_loop(window, 0, 0)}
+            and key[7] in (None, L.one_loop(window))}
     print(f"{head} triton alone: {m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s; tuned configs "
           f"(BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
     if no_candidates:
