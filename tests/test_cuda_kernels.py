@@ -753,6 +753,32 @@ def test_tensor_core_backward_matches_reference(kernel, dtype, D):
 
 
 @gpu
+@pytest.mark.parametrize("kernel", ["mma", "mma-fused", pytest.param("wgmma", marks=hopper),
+                                    pytest.param("wgmma-fused", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_core_backward_infinite_key_past_nq(kernel, causal):
+    """A key with an infinite entry that every real query scores -inf: P = 0 on its column, so its dK and dV are
+    those of the finite rest (dK_0 = 0), dQ is NaN (0 * inf, as in the reference). The rows of the last Q tile past
+    Nq are zero rows: unmasked, their score with that key is 0 * inf = NaN, which put NaN into dK_0 and dV_0 (a
+    tile past Nq now takes the elementwise mask: masks.cuh, needs_mask). Nq = 2 and 37, D = 1 and 64."""
+    for Nq, Nk, D in ((2, 17, 1), (37, 100, 64)):
+        q, k, v, do = _inputs(1, 2, Nq, Nk, D, "float16", seed=31)
+        q[..., 0] = -q[..., 0].abs() - 0.25  # every query's first column negative: q . k_0 = -inf
+        k[0, 0, 0, 0] = float("inf")
+        o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel="mma", return_lse=True)
+        grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=causal, kernel=kernel)
+        ref = attention_reference_grads(q, k, v, do, causal=causal)
+        for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+            g, r = g.double().cpu(), r.double().cpu()
+            assert torch.equal(torch.isnan(g), torch.isnan(r)), (name, Nq, int(torch.isnan(g).sum()),
+                                                                  int(torch.isnan(r).sum()))
+            fin = torch.isfinite(r)
+            assert torch.isfinite(g[fin]).all(), name
+            assert (g[fin] - r[fin]).abs().max().item() < 4e-3 * max(1.0, r[fin].abs().max().item()), (name, Nq)
+        assert ref[1][0, 0, 0].abs().max().item() == 0.0  # the infinite key's dK: 0 in the reference
+
+
+@gpu
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_ws_backward_tiles_of_64_and_128_queries(dtype):

@@ -362,7 +362,8 @@ int main() {  // per case "Nq Nk left right Br Bc": every answer the kernels' lo
 def test_mask_header_window_logic_on_the_host(tmp_path):
     """masks.cuh (fa::Mask) built with g++ against the rule of variants' windows, element by element: each row's
     key range, the forward's K/V tile range (both ends), the backward's query range per key block, and that a
-    tile the mask calls full needs no masking; random windows, both bounds, Nq != Nk both ways."""
+    tile the mask calls full needs no masking (and that one past the last key or query does); random windows, both
+    bounds, Nq != Nk both ways."""
     import shutil
     import subprocess
 
@@ -403,7 +404,7 @@ def test_mask_header_window_logic_on_the_host(tmp_path):
         flags = iter(needs)
         for q0 in range(0, Nq, Br):
             for k0 in range(0, Nk, Bc):
-                full_block = vis[q0:q0 + Br, k0:k0 + Bc].all() and k0 + Bc <= Nk
+                full_block = vis[q0:q0 + Br, k0:k0 + Bc].all() and k0 + Bc <= Nk and q0 + Br <= Nq
                 assert (next(flags) == "0") == full_block, (q0, k0, Nq, Nk, left, right)
 
 

@@ -91,8 +91,9 @@ __device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, 
 //   P_ij  = exp2(S_ij * scale_log2 - lse2_i)       (= exp(softmax_scale * S_ij - lse_i))
 //   dS_ij = P_ij o (dP_ij - Delta_i)
 // and P_ij = dS_ij = 0 on the pairs the mask hides (0, not 0 * NaN: a hidden pair gets no gradient from a NaN
-// row), checked pair by pair only where the mask does not call the warp's block full, and on the last key tile
-// (keys >= Nk are zero rows of their tile: S = 0 there, not -inf). The arithmetic runs on every pair, and a
+// row), checked pair by pair only where the mask does not call the warp's block full, and on the last key and
+// query tiles (keys >= Nk and queries >= Nq are zero rows of their tiles: S = 0 there, not -inf, or NaN where the
+// other operand holds an infinity). The arithmetic runs on every pair, and a
 // block that needs the mask then zeroes its hidden pairs in a second pass (zero_hidden): a per-pair
 // `check && !visible` compiles to a branch and a select around every element, which in the backward's profile
 // (wgmma_bwd_ws, H100) took more issue slots than the arithmetic.

@@ -21,7 +21,7 @@
 //   mask.q_begin(k0),  mask.q_end(k1)       queries that see any key in [k0, k1): the backward's Q loop range
 //   mask.kv_tile_begin(q0, Bc), mask.kv_tile_end(q0, q1, Bc)   the same K/V range in whole tiles of Bc keys
 //   mask.full(q0, q1, k0, k1)               every real (query, key) pair of the block is visible: no mask
-//   mask.needs_mask(q0, q1, k0, k1)         not full, or past the Nk tail: the tile applies visible()
+//   mask.needs_mask(q0, q1, k0, k1)         not full, or past Nk or Nq: the tile applies visible()
 //   mask.heavy_last()                       later query blocks see more keys (launch them first)
 //   mask.keys_heavy_last()                  later key blocks are seen by more queries (the backward's blocks)
 // No #include: compiles under NVRTC and nvcc alike.
@@ -71,9 +71,12 @@ struct Mask {
         return end > kv_begin(q0) ? (end + Bc - 1) / Bc : kv_tile_begin(q0, Bc);
     }
     // The tile [q0, q1) x [k0, k1) of a kernel must apply visible() element by element: some real pair is
-    // masked, or the tile runs past the last key (k1 > Nk). Every other tile takes the unmasked fast path.
+    // masked, or the tile runs past the last key (k1 > Nk) or the last query (q1 > Nq). The rows past the ends
+    // are zero rows of their tiles, and a zero row times an infinite entry of the other operand is NaN, not 0:
+    // unmasked, a score of a row past Nq with an infinite key would put NaN into that key's dK and dV
+    // (0 * NaN), where every real query may give 0. Every other tile takes the unmasked fast path.
     __device__ __forceinline__ bool needs_mask(int q0, int q1, int k0, int k1) const {
-        return k1 > Nk || !full(q0, q1, k0, k1);
+        return k1 > Nk || q1 > Nq || !full(q0, q1, k0, k1);
     }
     // With a right bound (causal) a later query block sees at least as many keys as an earlier one: the
     // forward kernels launch their query blocks last-first then, so the longest K/V loops start first.
