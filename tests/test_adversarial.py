@@ -556,3 +556,13 @@ if __name__ == "__main__" and "--worker" in sys.argv:
     if _n < len(_jobs_in):
         print("START " + json.dumps(list(_jobs_in[_n])), flush=True)
         os._exit(139)
+
+
+def test_family_tool_runs_one_family():
+    """tools/adversarial_family.py: one family, chosen backends, the per-backend table."""
+    res = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "tools", "adversarial_family.py"),
+                          "--family", "nonfinite", "--cases", "2", "--backends", "numpy-v2"],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "numpy-v2      2" in res.stdout
