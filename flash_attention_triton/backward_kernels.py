@@ -23,9 +23,6 @@ from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) ma
 The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
 ``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
 elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited.
-With ``ONE_LOOP`` (a constexpr of the dQ kernel; ``launch.one_loop`` decides) the dQ kernel visits the same
-blocks in one loop and masks every one of them: more elementwise work per block, but one software pipeline to
-fill instead of three, which pays where a narrow window leaves few blocks to each program.
 BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
 gradients' factor softmax_scale is scale_log2 * ln(2).
 
@@ -217,7 +214,6 @@ def attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_don, stride_dod,
     H, group, Nq, Nk, scale_log2, dropout_p, dropout_seed,
     HEAD_DIM: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Delta_i and dQ_i for one Q block (Br = BLOCK_M queries) of one (batch, head) per program.
@@ -249,21 +245,16 @@ def attn_bwd_dq_kernel(
 
     # the forward's K/V stages: [start, full_start) partial, [full_start, full_end) full, [full_end, end) partial
     start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
-    if ONE_LOOP:  # every K/V block masked, in one loop
+    if WINDOW_LEFT >= 0:
         dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       Nq, Nk, scale_log2, start, end, drop_rows, dropout_p, dropout_seed,
+                       Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
                        True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-    else:
-        if WINDOW_LEFT >= 0:
-            dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                           Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
-                           True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
-                       False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
-        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
-                       True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                   Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
+                   False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                   Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
+                   True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     # dQ_i = softmax_scale * sum_j dS_ij K_j
     dq = dq * (scale_log2 * _LN2)
 

@@ -111,8 +111,7 @@ def _autotuned(kernel_name: str, jit_fn):
 
     return triton.autotune(
         configs=C.triton_configs(kernel_name),
-        key=["Nq", "Nk", "HEAD_DIM", "WINDOW_LEFT", "WINDOW_RIGHT", "DROPOUT", "group"]  # + the tensors' dtypes
-        + (["ONE_LOOP"] if kernel_name == "dq" else []),
+        key=["Nq", "Nk", "HEAD_DIM", "WINDOW_LEFT", "WINDOW_RIGHT", "DROPOUT", "group"],  # + the tensors' dtypes
         prune_configs_by={"early_config_prune": early_prune},
         do_bench=lambda fn, quantiles: triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles),
     )(jit_fn)
@@ -243,8 +242,7 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
             config = C.small_config(kernel, block_d, elem)
         else:
             plan_key = (kernel, length_bucket(Nq), length_bucket(Nk), consts["HEAD_DIM"], consts["WINDOW_LEFT"],
-                        consts["WINDOW_RIGHT"], consts["DROPOUT"], consts.get("ONE_LOOP"), group > 1, args[0].dtype,
-                        args[0].device)
+                        consts["WINDOW_RIGHT"], consts["DROPOUT"], group > 1, args[0].dtype, args[0].device)
             config = _PLAN.get(plan_key)
             if config is None:
                 grid = lambda meta: (_cdiv(grid_rows, block_of(meta)), BH)  # noqa: E731
@@ -426,24 +424,6 @@ def _sum_splits(dk, dv, dk_out, dv_out, splits: int) -> None:
         grad.copy_(part.view(B, Hk, splits, Nk, D).sum(dim=2))
 
 
-ONE_LOOP = None  # None: one_loop's rule; True or False: every backward (tools/triton_backward_configs.py --one-loop)
-ONE_LOOP_MAX_WIDTH = 1024  # keys a query sees at most (left + right + 1) for the dQ kernel's one loop
-
-
-def one_loop(window: tuple) -> bool:
-    """Whether the dQ kernel visits its K/V blocks in one loop, every block masked (ONE_LOOP), instead of three
-    stages (partial, full, partial: no elementwise mask on the full blocks): for a window bounded on both sides
-    and at most ONE_LOOP_MAX_WIDTH keys wide, where most of a program's few blocks are partial anyway and the
-    three loops' pipeline fills cost more than the mask saves. H100, D = 128, fp16, the kernel's tuned
-    (128, 64, 8, 3): 0.860 -> 0.834 ms at window (256, 256), N = 16384, and 0.822 -> 0.804 ms at (512, 0),
-    N = 4096, for the whole backward; the dK/dV kernel measured the same or slower with one loop
-    (docs/results/triton/window_loops/)."""
-    if ONE_LOOP is not None:
-        return bool(ONE_LOOP)
-    left, right = window
-    return left >= 0 and right >= 0 and left + right + 1 <= ONE_LOOP_MAX_WIDTH
-
-
 def _backward_full(q, k, v, o, lse, do, window, scale, configs, drop, key):
     """The backward's two launches through _launch (configs, tuning, launch keys); leaves a call plan under
     ``key`` (not None) when both went through the compiled-kernel cache."""
@@ -461,8 +441,7 @@ def _backward_full(q, k, v, o, lse, do, window, scale, configs, drop, key):
     # 1. Delta_i = rowsum(dO_i * O_i) and dQ_i: one program per Q block
     dqs = _launch("dq", Nq, B * H, (q, k, v, o, do, lse, delta, dq, *common, H, group, Nq, Nk, *scale_args(scale),
                                     *drop),
-                  dict(consts, ONE_LOOP=one_loop(window)), Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group,
-                  config=configs.get("dq"), n_tensors=8,
+                  consts, Nq=Nq, Nk=Nk, block_d=block_d, elem=elem, group=group, config=configs.get("dq"), n_tensors=8,
                   n_tail=3)
     # 2. dK_j, dV_j: one program per (K/V block, batch, K/V head, split), summing over its share of the group's
     #    query heads; with splits > 1 into float32 partial sums (B, Hk * splits, Nk, D), added up here

@@ -90,33 +90,6 @@ def test_window_matches_reference(causal, window, Nq, Nk):
     check_against_reference(q, k, v, do, "float32", causal=causal, window_size=window)
 
 
-@pytest.mark.parametrize("one_loop", [False, True], ids=["three-stages", "one-loop"])
-@pytest.mark.parametrize("causal,window,Nq,Nk,Hk", [
-    (False, (7, 20), 90, 100, 2),   # bounded on both sides
-    (True, (30, -1), 100, 70, 1),   # causal local, Nq > Nk, MQA
-], ids=["w7_20", "causal-w30-mqa"])
-def test_backward_loop_shapes_match_reference(one_loop, causal, window, Nq, Nk, Hk, monkeypatch):
-    """The dQ kernel's two loop shapes (launch.one_loop): three stages (partial, full, partial) or every block
-    masked in one loop; both against the float64 reference."""
-    from flash_attention_triton import launch as L
-
-    monkeypatch.setattr(L, "ONE_LOOP", one_loop)
-    monkeypatch.setattr(L, "_CALLS", {})
-    q, k, v, do = gqa_inputs(1, 2, Hk, Nq, Nk, 32, "float32")
-    check_against_reference(q, k, v, do, "float32", causal=causal, window_size=window)
-
-
-def test_one_loop_rule():
-    """One loop for a window bounded on both sides and at most ONE_LOOP_MAX_WIDTH keys wide; three stages for
-    full, causal and one-sided or wide windows."""
-    from flash_attention_triton import launch as L
-
-    assert L.ONE_LOOP is None and L.ONE_LOOP_MAX_WIDTH == 1024
-    assert L.one_loop((256, 256)) and L.one_loop((512, 0)) and L.one_loop((0, 0)) and L.one_loop((1023, 0))
-    assert not L.one_loop((-1, -1)) and not L.one_loop((-1, 0)) and not L.one_loop((128, -1))
-    assert not L.one_loop((1024, 0)) and not L.one_loop((4096, 4096))
-
-
 @pytest.mark.parametrize("B,Hq,Hk", [(2, 3, 1), (1, 4, 2), pytest.param(2, 4, 4, marks=pytest.mark.slow)],
                          ids=["mqa", "gqa2", "mha"])
 def test_gqa_matches_reference(B, Hq, Hk):

@@ -101,8 +101,6 @@ def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config,
     from flash_attention_triton.launch import FP32_PRECISION
 
     consts["DOT_PREC"] = FP32_PRECISION if dtype == "float32" else "tf32"
-    if kernel_name == "dq":  # the dQ kernel's loop shape (launch.one_loop)
-        consts["ONE_LOOP"] = "one_loop" in extra
     sig, consts, attrs = _signature(kernel, dtype, consts, seed_type="i64" if "dropout" in extra else "i32")
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)

@@ -19,9 +19,7 @@ For one shape (B, H, N, D) and each dtype and causal setting, one line each:
   (with the tuned dK/dV config), ``launch._backward`` alone, and each ``--extra`` config not among them.
 
 ``--window LEFT,RIGHT`` times a sliding window (``window_size``; --causal then sets nothing) with the ``alone`` and
-per-config lines only; ``--one-loop both`` times it with each loop shape of the backward kernels
-(``launch.one_loop``: the dQ kernel's three stages, partial, full and partial, or every block masked in one
-loop).
+per-config lines only.
 
 TFLOP/s are 2.5 x 4·B·H·N²·D (x0.5 causal) over the median.
 """
@@ -42,9 +40,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-candidates", action="store_true", help="skip the per-config lines")
     ap.add_argument("--window", default=None, help="LEFT,RIGHT: a sliding window instead of --causal (alone and "
                                                    "per-config lines only)")
-    ap.add_argument("--one-loop", choices=("rule", "no", "yes", "both"), default="rule",
-                    help="with --window: the dQ kernel's loop shape (launch.ONE_LOOP): launch.one_loop's rule, "
-                         "three stages (no), every block masked in one loop (yes), or each in turn (both)")
     ap.add_argument("--extra", action="append", default=[],
                     help="KERNEL:BM,BN,WARPS,STAGES, a config to time beside the candidates (repeatable), e.g. "
                          "dkdv:32,128,4,3")
@@ -74,7 +69,6 @@ def main(argv=None) -> int:
         if kernel not in extra or len(cfg.split(",")) != 4:
             ap.error(f"--extra: expected dkdv:BM,BN,WARPS,STAGES or dq:BM,BN,WARPS,STAGES, got {item!r}")
         extra[kernel].append(tuple(int(c) for c in cfg.split(",")))
-    loops = {"rule": (None,), "no": (False,), "yes": (True,), "both": (False, True)}[args.one_loop]
     window = None
     if args.window is not None:
         left, right = (int(c) for c in args.window.split(","))
@@ -94,13 +88,8 @@ def main(argv=None) -> int:
             if window is not None:
                 o, lse = L._forward(q, k, v, window, scale)
                 alone = lambda cfg=None: L._backward(q, k, v, o, lse, do, window, scale, configs=cfg)  # noqa: E731
-                for one in loops:
-                    L.ONE_LOOP = one  # None: launch.one_loop's rule
-                    L._CALLS.clear()
-                    alone()  # autotunes this key
-                    loop = "dQ in one loop" if L.one_loop(window) else "dQ in three stages"
-                    _configs(C, L, alone, f"{head} ({loop})", tf, D, window, dtype, extra, args.no_candidates)
-                L.ONE_LOOP = None
+                alone()  # autotunes this key
+                _configs(C, L, alone, head, tf, D, window, dtype, extra, args.no_candidates)
                 continue
             with torch.enable_grad():
                 o_auto, _ = FlashAttnTritonFunction.apply(qg, kg, vg, causal, scale)
@@ -147,8 +136,7 @@ def _configs(C, L, alone, head, tf, D, window, dtype, extra, no_candidates):
 
     m, lo, hi, *_ = time_gpu(alone, repeats=5)
     plan = {key[0]: cfg for key, cfg in L._PLAN.items()
-            if key[3] == D and tuple(key[4:6]) == tuple(window) and key[-2] == getattr(torch, dtype)
-            and key[7] in (None, L.one_loop(window))}
+            if key[3] == D and tuple(key[4:6]) == tuple(window) and key[-2] == getattr(torch, dtype)}
     print(f"{head} triton alone: {m:.4f} [{lo:.4f}, {hi:.4f}] = {tf(m):.0f} TFLOP/s; tuned configs "
           f"(BLOCK_M, BLOCK_N, warps, stages): {plan}", flush=True)
     if no_candidates:
