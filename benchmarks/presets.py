@@ -314,19 +314,20 @@ PRESETS = {p.name: p for p in (
 
 # ------------------------------------------------------------------------------------ tile-config sweep
 # candidates per kernel and D: mma (Bc, warps, m16 tiles per warp; Br = 16 x tiles x warps), wgmma (Bc,
-# warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D), wgmma-ws
+# warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D; at D = 64 also
+# with key_tiles 2: 32 keys a warp in the dK/dV kernel, its looped Q tile half as long), wgmma-ws
 # (Bc, consumer warpgroups, K/V stages; Br = 64 x consumer warpgroups; tools/cuda_forward_kernels.py times them
 # beside the other grids; 176 keys is FlashAttention-3's tile at D = 128 without a mask)
 CONFIG_CANDIDATES = {
     "mma": {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2), (128, 4, 2)],
             128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]},
     "wgmma": {64: [(128, 2), (64, 2), (128, 3)], 128: [(128, 2), (64, 2), (64, 3)]},
-    "mma-backward": {None: [(4, 64), (8, 64), (4, 32), (8, 32)]},
+    "mma-backward": {None: [(4, 64), (8, 64), (4, 32), (8, 32)], 64: [(4, 64, 2)]},
     "wgmma-ws": {64: [(128, 2, 2), (128, 2, 3), (128, 3, 2), (64, 2, 4), (192, 2, 2)],
                  128: [(128, 2, 2), (64, 2, 3), (64, 2, 4), (128, 2, 3), (160, 2, 2), (176, 2, 2), (192, 2, 2)]},
 }
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "tiles_per_warp"), "wgmma": ("Bc", "warpgroups"),
-                 "mma-backward": ("warps", "tile_rows"), "wgmma-ws": ("Bc", "consumer_warpgroups", "stages")}
+                 "mma-backward": ("warps", "tile_rows", "key_tiles"), "wgmma-ws": ("Bc", "consumer_warpgroups", "stages")}
 # where the library keeps its own configs (read, never written): module attribute names, first found wins
 LIBRARY_TABLES = {"mma": ("MMA_CONFIGS",), "wgmma": ("WGMMA_CONFIGS",), "mma-backward": ("MMA_BACKWARD_CONFIGS",),
                   "wgmma-ws": ("WGMMA_WS_CONFIGS",)}
