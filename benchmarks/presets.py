@@ -153,7 +153,9 @@ def backward_summary(rows, ctx):
             w.pop(f"{k}_max_abs_vs_ref", None)
             w.pop(f"{k}_max_abs_each", None)
     sweep = ctx.get("config_sweep") or {}
-    backward_sweep = [dict(warps=r["config"][0], tile=r["config"][1], ms_total=r["ms"])
+    backward_sweep = [dict(D=r["D"], warps=r["config"][0], tile=r["config"][1],
+                           key_tiles=r["config"][2] if len(r["config"]) > 2 else 1, ms_total=r["ms"],
+                           ms_by_D=r.get("ms_by_D", {}))
                       for r in sweep.get("results", []) if r["kernel"] == "mma-backward" and r.get("ms") is not None]
     doc = dict(info=ctx["meta"], command=ctx["meta"].get("command"),
                config=(sweep.get("library") or {}).get("mma-backward"), best_config=sweep.get("best", {}).get("mma-backward"),
@@ -385,18 +387,23 @@ def config_sweep(kernels, shapes, device, log=print):
                 continue
             ds = sorted({s[2] for s in shapes}) if D is None else [D]
             data = {d: None for d in ds}
-            scores = {}
+            # a D of its own is scored against the any-D candidates' times at that D too (timed just before)
+            scores = {} if D is None else {
+                tuple(r["config"]): r["ms_by_D"][str(D)] for r in results
+                if r["kernel"] == kernel and r["D"] is None and str(D) in r.get("ms_by_D", {})}
             for config in candidates:
                 entry = dict(kernel=kernel, D=D, config=list(config), **dict(zip(CONFIG_FIELDS[kernel], config)),
-                             ms=None, reason="")
+                             ms=None, ms_by_D={}, reason="")
                 try:
                     total = 0.0
                     for d in ds:
                         if data[d] is None:
                             B, H = next((s[0], s[1]) for s in shapes if s[2] == d)
                             data[d] = make_inputs(B, H, SWEEP_N, SWEEP_N, d, dtype="float16", device=device)
-                        for causal in (False, True):
-                            total += measure.time_call(_sweep_call(kernel, data[d], causal, config), device=device)[0]
+                        at_d = sum(measure.time_call(_sweep_call(kernel, data[d], causal, config), device=device)[0]
+                                   for causal in (False, True))
+                        entry["ms_by_D"][str(d)] = at_d
+                        total += at_d
                     entry["ms"] = total
                     scores[tuple(config)] = total
                     log(f"sweep {kernel} D={D if D is not None else '/'.join(map(str, ds))} config={config}: "
