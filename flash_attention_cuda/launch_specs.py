@@ -450,10 +450,11 @@ def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     (key_tiles 1, or 2 at D = 64 without grouped heads or dropout: the streamed Q tile is then tile / 2 queries,
     mma_backward.cu's tile_pair_mt2), one block row per K/V head (B * Hk: each block sums dK, dV over its group's
     query heads); D > 128: each K/V tile's dK, dV columns split over dkdv_column_blocks(D) blocks."""
-    nw, tile, *rest = config or MMA_BACKWARD_CONFIGS[p.D]
+    cfg = tuple(config or MMA_BACKWARD_CONFIGS[p.D])
+    nw, tile, *rest = cfg
     mt = rest[0] if rest else 1
     if mt not in (1, 2) or (mt == 2 and (p.D != 64 or p.group > 1 or p.dropout or tile % 32)):
-        raise ValueError(f"mma_bwd_dkdv: config {tuple(config)}: key_tiles must be 1, or 2 at D = 64 without grouped "
+        raise ValueError(f"mma_bwd_dkdv: config {cfg}: key_tiles must be 1, or 2 at D = 64 without grouped "
                          f"heads or dropout and a tile that is a multiple of 32; got key_tiles={mt} at D={p.D}, "
                          f"group={p.group}, dropout={p.dropout}")
     Bc, Br = 16 * nw * mt, tile // mt

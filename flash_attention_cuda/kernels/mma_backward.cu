@@ -97,9 +97,9 @@ __device__ __forceinline__ void load_a_rows(unsigned (&a)[D / 16][4], unsigned s
 //   S_ij^T[m] = K_w[m] Q_i^T,  dP_ij^T[m] = V_w[m] dO_i^T      (A: the warp's keys 16 m .., read from sK, sV)
 //   dV_j[m] += P_ij^T[m] dO_i,  dK_j[m] += dS_ij^T[m] Q_i        (A: P^T, dS^T in registers)
 // Per tile of Br queries a warp reads (8 Br + 128) D bytes of shared memory for 32 Br pairs, against 8 Br D for
-// 16 Br on the 16-key path with K_w and V_w in registers: at Br = 32, 24 KB for 1024 pairs against 32 KB. The price: the
-// accumulators of 32 keys (dK_j, dV_j: 128 registers at D = 64) leave room for P and dS of 32 queries only, so the
-// streamed Q tile is half as long (launch_specs: tile / 2), with twice the steps.
+// 16 Br on the 16-key path with K_w and V_w in registers: at Br = 32, 24 KB for 1024 pairs against 32 KB. The
+// price: the accumulators of 32 keys (dK_j, dV_j: 128 registers at D = 64) leave room for P and dS of 32 queries
+// only, so the streamed Q tile is half as long (launch_specs: tile / 2), with twice the steps.
 template <bool DROPOUT, int D, int Br, bool BF16>
 __device__ __forceinline__ void tile_pair_mt2(float (&dk)[2][D / 8][4], float (&dv)[2][D / 8][4], unsigned sK,
                                               unsigned sV, unsigned qb, unsigned db, int wkey, const float* lse2,
