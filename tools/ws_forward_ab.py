@@ -1,13 +1,17 @@
 #!/usr/bin/env python
-"""Time the wgmma-ws forward alone, in the library's config and grid, at a few shapes: one checkout against another.
+"""Time the wgmma-ws forward (or, with --backward, backward) alone, in the library's config and grid, at a few
+shapes: one checkout against another.
 
     PYTHONPATH=. python tools/ws_forward_ab.py --label new                 # on a Hopper GPU, in this checkout
     (cd ../other && PYTHONPATH=. python ../main/tools/ws_forward_ab.py --label old)   # the same, in another one
+    PYTHONPATH=. python tools/ws_forward_ab.py --label new --backward --window 256,256 --shapes 1x16x16384x128
 
 Run it in two checkouts in turn, on the same machine (and once more in the first, to see the spread): the kernels
 compile from whichever checkout is on PYTHONPATH, so the two lines of a shape compare two versions of the kernel and
-its launch. Prints one line per shape: label, dtype, B, H, N, D, causal or not, TFLOP/s (4·B·H·N²·D, x0.5 causal,
-over the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``).
+its launch. Prints one line per shape: label, fwd or bwd, dtype, B, H, N, D, the mask (not-causal, causal, or the
+window), the median time in ms and TFLOP/s (4·B·H·N²·D, x0.5 causal, x2.5 backward, counting visible scores only, over
+the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``). The backward is the whole of it: its
+preprocess, the one-kernel wgmma_bwd_ws and the dQ store.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--label", required=True, help="the name printed at the start of each line")
     ap.add_argument("--shapes", default=SHAPES, help="BxHxNxD, comma-separated (default: %(default)s)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
+    ap.add_argument("--window", default="", help="one window L,R instead of not causal and causal (e.g. 256,256)")
     args = ap.parse_args(argv)
     import torch
     from triton.testing import do_bench_cudagraph
@@ -33,17 +39,25 @@ def main(argv=None) -> int:
     from flash_attention_py.inputs import make_inputs
     from flash_attention_py.masks import window_for
 
+    masks = [(f"window{args.window}", tuple(map(int, args.window.split(","))))] if args.window else \
+        [("not-causal", window_for(False)), ("causal", window_for(True))]
+    mode = "bwd" if args.backward else "fwd"
     for shape in args.shapes.split(","):
         B, H, N, D = map(int, shape.split("x"))
-        for causal in (False, True):
+        for name, window in masks:
             x = make_inputs(B, H, N, N, D, dtype=args.dtype, device="cuda")
             q, k, v = x["q"], x["k"], x["v"]
-            window, scale = window_for(causal), D ** -0.5
-            launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")  # compiled and warm
-            ms = do_bench_cudagraph(lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws"),
-                                    return_mode="median")
-            tflops = attention_flops(B, H, N, N, D, causal=causal, mode="fwd") / (ms * 1e-3) / 1e12
-            print(args.label, args.dtype, B, H, N, D, "causal" if causal else "not-causal", f"{tflops:.0f}", flush=True)
+            scale = D ** -0.5
+            if args.backward:
+                o, lse = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")
+                call = lambda: launch_specs.run_backward(q, k, v, o, lse, x["do"], window, scale, "wgmma-ws")  # noqa: E731
+            else:
+                call = lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")  # noqa: E731
+            call()  # compiled and warm
+            ms = do_bench_cudagraph(call, return_mode="median")
+            flops = attention_flops(B, H, N, N, D, mode=mode, window_size=window)
+            print(args.label, mode, args.dtype, B, H, N, D, name, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
+                  flush=True)
     return 0
 
 
