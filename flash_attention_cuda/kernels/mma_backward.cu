@@ -166,6 +166,14 @@ __device__ __forceinline__ void store_ds(unsigned sdS, int wkey, const unsigned 
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + row * RB + col * 2), "r"(a[kk][x]) : "memory");
         }
 }
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {  // p[0] += a, p[1] += b, atomically
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
 template <int D, int NWARPS, int Br, int DC, bool BF16>
 __device__ __forceinline__ void add_dq(float* dq_rows, unsigned sdS, unsigned sK, int i0, int Nq, int col0) {
     constexpr int Bc = 16 * NWARPS, RT = Br / 16, WPR = NWARPS / RT, WC = DC / WPR;  // WC columns per warp
@@ -190,7 +198,7 @@ __device__ __forceinline__ void add_dq(float* dq_rows, unsigned sdS, unsigned sK
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // rows g and g + 8
                 const int row = i0 + 16 * rt + acc_row(2 * h);
-                if (row < Nq) ptx::red_add2(dq_rows + (long long)row * D + c + acc_col(n, 0), dq[n][2 * h], dq[n][2 * h + 1]);
+                if (row < Nq) red_add2(dq_rows + (long long)row * D + c + acc_col(n, 0), dq[n][2 * h], dq[n][2 * h + 1]);
             }
     }
 }

@@ -78,14 +78,6 @@ __device__ __forceinline__ int4 ld_shared_v4(unsigned addr) {  // 16 bytes from 
                  : "memory");
     return v;
 }
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {  // p[0] += a, p[1] += b, atomically
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
-#else
-    atomicAdd(p, a);
-    atomicAdd(p + 1, b);
-#endif
-}
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^x, 2^-inf = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

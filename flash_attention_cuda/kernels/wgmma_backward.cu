@@ -210,19 +210,29 @@ struct DqReduce {
         const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(acc(s));
         const int wg = (threadIdx.x - FIRST) / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
         if (ROW_SPLIT && 64 * wg >= valid_rows) return;  // rows past Nq: no block of dQaccum to add them to
-        float* blk = dq_tile + wg * 64 * NQ;  // the warpgroup's 64 x NQ block (or piece) of dQaccum
+        const unsigned buf = sdQ + wg * BUF_BYTES;
+        if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
+        tma::named_sync(2 + wg, 128);                          // ... before any thread writes it
 #pragma unroll
         for (int n = 0; n < NQ / 8; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (elements 2, 3)
                 // column c of the warpgroup's NQ: piece c / PQ of the block (its own piece without ROW_SPLIT),
-                // column c % PQ there; c even: one 16-byte chunk. A warp's 32 lanes add 8 rows of 32 bytes.
+                // column c % PQ there; c even: one 16-byte chunk
                 const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0), piece = c / PQ, cc = c % PQ;
-                ptx::red_add2(blk + piece * 64 * PQ + r * PQ + (((cc >> 2) ^ (r & 7)) << 2) + (cc & 3), d[n][2 * h],
-                              d[n][2 * h + 1]);
+                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (((cc >> 2) ^ (r & 7)) << 2) + (cc & 3)),
+                             d[n][2 * h], d[n][2 * h + 1]);
             }
+        fence_proxy_async();  // the buffer is visible to the copy engine ...
+        tma::named_sync(2 + wg, 128);  // ... once every thread of the warpgroup has written its part
+        if (threadIdx.x % 128 == 0) {
+            tma::bulk_reduce_add(dq_tile + wg * 64 * NQ, buf, BUF_BYTES);  // dQaccum += the 64 x NQ block (piece)
+            tma::bulk_commit();
+        }
     }
-    __device__ __forceinline__ void finish() const {}
+    __device__ __forceinline__ void finish() const {
+        if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last sums are done before the block exits
+    }
 };
 
 // the third product of dkdv_block: DqReduce with DQ, else none
