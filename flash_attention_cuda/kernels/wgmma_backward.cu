@@ -74,8 +74,8 @@ __device__ __forceinline__ unsigned aligned_smem(unsigned char* raw, unsigned ch
 // they would not fit in the 240 registers a consumer thread has).
 // lse2, delta, mask, row0, col0, drop: as bwd::p_and_ds takes them.
 // dq: the third product of the one-kernel backward (DqReduce below; NoDq: none): store_ds(da) writes dS to shared
-// memory before dK += dS^T Q is issued, issue(s) puts dQ_i += dS_ij K_j in flight behind it (into s, whose P
-// has been packed by then), add(s) adds the finished product to global memory after the last wait.
+// memory, issue(s) puts dQ_i += dS_ij K_j in flight (into s, whose P has been packed by then) before dK += dS^T Q
+// is issued, and add(s) waits for dQ's product alone and sends its sums out while dK's product still runs.
 template <bool KEY_ROWS, bool DROPOUT, int D, int A_ROWS, int R, bool BF16, class Dq, int DC2,
           bool DV_BEFORE_DS = true>
 __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2], unsigned sA_s, unsigned sB_s,
@@ -119,8 +119,9 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
     pin(acc2);
     pin(da);
     wgmma_fence();
+    dq.issue(s);                                // the one-kernel backward's dQ_i += dS_ij K_j first ...
     issue_ab<2 * DC2, R, BF16>(acc2, da, sC2);  // dK += dS^T Q  (dQ += dS K)
-    dq.issue(s);
+    dq.add(s);                                  // ... so that its sums go out while dK's product runs
     wgmma_wait<0>();
     pin(acc2);
     pin(da);
@@ -128,7 +129,6 @@ __device__ __forceinline__ void tile_pair(float (&s)[R / 2], float (&dp)[R / 2],
         pin(acc1);
         pin(pa);
     }
-    dq.add(s);
 }
 
 // The two-kernel backward: no third product (dQ has its own kernel)
@@ -206,6 +206,7 @@ struct DqReduce {
         }
     }
     __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
+        wgmma_wait<1>();  // dQ_i's product is done (dK's, issued after it, may still run)
         pin(acc(s));
         const float(&d)[NQ / 8][4] = reinterpret_cast<const float(&)[NQ / 8][4]>(acc(s));
         const int wg = (threadIdx.x - FIRST) / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
