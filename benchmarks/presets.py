@@ -153,9 +153,7 @@ def backward_summary(rows, ctx):
             w.pop(f"{k}_max_abs_vs_ref", None)
             w.pop(f"{k}_max_abs_each", None)
     sweep = ctx.get("config_sweep") or {}
-    backward_sweep = [dict(D=r["D"], warps=r["config"][0], tile=r["config"][1],
-                           key_tiles=r["config"][2] if len(r["config"]) > 2 else 1, ms_total=r["ms"],
-                           ms_by_D=r.get("ms_by_D", {}))
+    backward_sweep = [dict(warps=r["config"][0], tile=r["config"][1], ms_total=r["ms"])
                       for r in sweep.get("results", []) if r["kernel"] == "mma-backward" and r.get("ms") is not None]
     doc = dict(info=ctx["meta"], command=ctx["meta"].get("command"),
                config=(sweep.get("library") or {}).get("mma-backward"), best_config=sweep.get("best", {}).get("mma-backward"),
@@ -316,20 +314,19 @@ PRESETS = {p.name: p for p in (
 
 # ------------------------------------------------------------------------------------ tile-config sweep
 # candidates per kernel and D: mma (Bc, warps, m16 tiles per warp; Br = 16 x tiles x warps), wgmma (Bc,
-# warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D; at D = 64 also
-# with key_tiles 2: 32 keys a warp in the dK/dV kernel, its looped Q tile half as long), wgmma-ws
+# warpgroups; Br = 64 x warpgroups), mma-backward (warps per block, rows of the looped tile; any D), wgmma-ws
 # (Bc, consumer warpgroups, K/V stages; Br = 64 x consumer warpgroups; tools/cuda_forward_kernels.py times them
 # beside the other grids; 176 keys is FlashAttention-3's tile at D = 128 without a mask)
 CONFIG_CANDIDATES = {
     "mma": {64: [(64, 4, 2), (64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 8, 2), (128, 4, 2)],
             128: [(64, 8, 1), (32, 8, 2), (32, 4, 2), (64, 4, 2), (128, 8, 1)]},
     "wgmma": {64: [(128, 2), (64, 2), (128, 3)], 128: [(128, 2), (64, 2), (64, 3)]},
-    "mma-backward": {None: [(4, 64), (8, 64), (4, 32), (8, 32)], 64: [(4, 64, 2)]},
+    "mma-backward": {None: [(4, 64), (8, 64), (4, 32), (8, 32)]},
     "wgmma-ws": {64: [(128, 2, 2), (128, 2, 3), (128, 3, 2), (64, 2, 4), (192, 2, 2)],
                  128: [(128, 2, 2), (64, 2, 3), (64, 2, 4), (128, 2, 3), (160, 2, 2), (176, 2, 2), (192, 2, 2)]},
 }
 CONFIG_FIELDS = {"mma": ("Bc", "warps", "tiles_per_warp"), "wgmma": ("Bc", "warpgroups"),
-                 "mma-backward": ("warps", "tile_rows", "key_tiles"), "wgmma-ws": ("Bc", "consumer_warpgroups", "stages")}
+                 "mma-backward": ("warps", "tile_rows"), "wgmma-ws": ("Bc", "consumer_warpgroups", "stages")}
 # where the library keeps its own configs (read, never written): module attribute names, first found wins
 LIBRARY_TABLES = {"mma": ("MMA_CONFIGS",), "wgmma": ("WGMMA_CONFIGS",), "mma-backward": ("MMA_BACKWARD_CONFIGS",),
                   "wgmma-ws": ("WGMMA_WS_CONFIGS",)}
@@ -387,23 +384,18 @@ def config_sweep(kernels, shapes, device, log=print):
                 continue
             ds = sorted({s[2] for s in shapes}) if D is None else [D]
             data = {d: None for d in ds}
-            # a D of its own is scored against the any-D candidates' times at that D too (timed just before)
-            scores = {} if D is None else {
-                tuple(r["config"]): r["ms_by_D"][str(D)] for r in results
-                if r["kernel"] == kernel and r["D"] is None and str(D) in r.get("ms_by_D", {})}
+            scores = {}
             for config in candidates:
                 entry = dict(kernel=kernel, D=D, config=list(config), **dict(zip(CONFIG_FIELDS[kernel], config)),
-                             ms=None, ms_by_D={}, reason="")
+                             ms=None, reason="")
                 try:
                     total = 0.0
                     for d in ds:
                         if data[d] is None:
                             B, H = next((s[0], s[1]) for s in shapes if s[2] == d)
                             data[d] = make_inputs(B, H, SWEEP_N, SWEEP_N, d, dtype="float16", device=device)
-                        at_d = sum(measure.time_call(_sweep_call(kernel, data[d], causal, config), device=device)[0]
-                                   for causal in (False, True))
-                        entry["ms_by_D"][str(d)] = at_d
-                        total += at_d
+                        for causal in (False, True):
+                            total += measure.time_call(_sweep_call(kernel, data[d], causal, config), device=device)[0]
                     entry["ms"] = total
                     scores[tuple(config)] = total
                     log(f"sweep {kernel} D={D if D is not None else '/'.join(map(str, ds))} config={config}: "

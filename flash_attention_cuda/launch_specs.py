@@ -446,26 +446,17 @@ def dkdv_column_blocks(D: int) -> int:
 
 @_cached
 def mma_bwd_dkdv(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma_backward.cu: (warps, tile[, key_tiles]) = config or MMA_BACKWARD_CONFIGS[D]; 16 * key_tiles keys a warp
-    (key_tiles 1, or 2 at D = 64 without grouped heads or dropout: the streamed Q tile is then tile / 2 queries,
-    mma_backward.cu's tile_pair_mt2), one block row per K/V head (B * Hk: each block sums dK, dV over its group's
-    query heads); D > 128: each K/V tile's dK, dV columns split over dkdv_column_blocks(D) blocks."""
-    cfg = tuple(config or MMA_BACKWARD_CONFIGS[p.D])
-    nw, tile, *rest = cfg
-    mt = rest[0] if rest else 1
-    if mt not in (1, 2) or (mt == 2 and (p.D != 64 or p.group > 1 or p.dropout or tile % 32)):
-        raise ValueError(f"mma_bwd_dkdv: config {cfg}: key_tiles must be 1, or 2 at D = 64 without grouped "
-                         f"heads or dropout and a tile that is a multiple of 32; got key_tiles={mt} at D={p.D}, "
-                         f"group={p.group}, dropout={p.dropout}")
-    Bc, Br = 16 * nw * mt, tile // mt
-    # mma_backward.cu, mma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (Br, D), 16-bit; then
-    # sL and sDl 2 x Br floats each (lse and Delta)
-    smem = (2 * Bc + 4 * Br) * p.D * 2 + 4 * Br * 4
-    # template flags DROPOUT, GQA (the loop over a K/V head's query heads), each given only when needed; key_tiles 2
-    # names both (false) before it
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps keys per block, one block
+    row per K/V head (B * Hk: each block sums dK, dV over its group's query heads); D > 128: each K/V tile's
+    dK, dV columns split over dkdv_column_blocks(D) blocks."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
+    Bc = 16 * nw
+    # mma_backward.cu, mma_bwd_dkdv's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D), 16-bit; then
+    # sL and sDl 2 x tile floats each (lse and Delta)
+    smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4
+    # template flags DROPOUT, GQA (the loop over a K/V head's query heads), each given only when needed
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
-    flags = flags if mt == 1 else ", false, false, 2"
-    return LaunchSpec("mma_backward.cu", f"mma_bwd_dkdv<{p.D}, {nw}, {Br}, {_bf16(p)}{flags}>",
+    return LaunchSpec("mma_backward.cu", f"mma_bwd_dkdv<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
                       (_cdiv(p.Nk, Bc) * dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
                       _BWD_IN + ("dK", "dV"), _tc_args(p))
 
@@ -481,9 +472,8 @@ def mma_bwd_fused_preprocess(p: Problem) -> LaunchSpec:
 @_cached
 def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: mma_bwd_dkdv's blocks (config or MMA_BACKWARD_CONFIGS[D]) that also add every tile's
-    dQ_i += dS_ij K_j into the float32 dQaccum (B * Hq, Nq, D) atomically (FlashAttention-2's one kernel); 16 keys a
-    warp always (a config's key_tiles is the dK/dV kernel's)."""
-    nw, tile = (config or MMA_BACKWARD_CONFIGS[p.D])[:2]
+    dQ_i += dS_ij K_j into the float32 dQaccum (B * Hq, Nq, D) atomically (FlashAttention-2's one kernel)."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
     Bc = 16 * nw
     # mma_bwd_dkdv's carve-up, then the dS tile: Bc rows of tile queries, 16-bit, + 16 bytes each (DsTile)
     smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4 + Bc * (2 * tile + 16)
@@ -503,9 +493,8 @@ def mma_bwd_dq_store(p: Problem) -> LaunchSpec:
 
 @_cached
 def mma_bwd_dq(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D] (a third entry, key_tiles, is the dK/dV
-    kernel's); 16 * warps queries per block."""
-    nw, tile = (config or MMA_BACKWARD_CONFIGS[p.D])[:2]
+    """mma_backward.cu: (warps, tile) = config or MMA_BACKWARD_CONFIGS[D]; 16 * warps queries per block."""
+    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
     Br = 16 * nw
     # mma_backward.cu, mma_bwd_dq's carve-up: sQ, sdO (Br, D); sK, sV 2 x (tile, D), 16-bit
     smem = (2 * Br + 4 * tile) * p.D * 2

@@ -560,49 +560,6 @@ def test_config_sweep_passes_configs_in_and_writes_no_table(monkeypatch):
     assert specs.WGMMA_WS_CONFIGS == {64: (128, 3, 2), 128: (128, 2, 2)}
 
 
-def test_backward_sweep_scores_a_head_dim_of_its_own_against_the_rest(monkeypatch):
-    """mma-backward's candidates for any D are timed at every D of the sweep (ms_by_D: full + causal per D); a
-    candidate of one D (key_tiles 2, D = 64) is timed there alone and ranked against the any-D candidates' times
-    at that D, not against their sums over both D."""
-    import types
-
-    from benchmarks import measure, presets
-
-    times = {(4, 64): 1.0, (8, 64): 3.0, (4, 32): 2.0, (8, 32): 4.0, (4, 64, 2): 0.75}
-    current = {}
-
-    def timer(fn, **kw):
-        fn()
-        return times[current["config"]], 0.0, 0.0, 1, "stand-in"
-
-    monkeypatch.setattr(measure, "time_cpu", timer)
-    specs = types.ModuleType("flash_attention_cuda.launch_specs")
-    specs.MMA_BACKWARD_CONFIGS = {64: (4, 64), 128: (4, 64)}
-    specs.run_backward = lambda *a: None
-    launcher = types.ModuleType("flash_attention_cuda.launcher")
-    launcher.flash_attn_cuda = lambda q, k, v, **kw: (q, q[..., 0])
-    monkeypatch.setitem(sys.modules, "flash_attention_cuda.launch_specs", specs)
-    monkeypatch.setitem(sys.modules, "flash_attention_cuda.launcher", launcher)
-    real_call = presets._sweep_call
-
-    def call(kernel, x, causal, config):
-        current["config"] = tuple(config)
-        return real_call(kernel, x, causal, config)
-
-    monkeypatch.setattr(presets, "_sweep_call", call)
-    monkeypatch.setattr(presets, "SWEEP_N", 8)
-    monkeypatch.setitem(presets.CONFIG_CANDIDATES, "mma-backward",
-                        {None: [(4, 64), (8, 64), (4, 32), (8, 32)], 64: [(4, 64, 2)]})
-    result = presets.config_sweep(("mma-backward",), ((1, 1, 64), (1, 1, 128)), "cpu", log=lambda text: None)
-    by = {(r["D"], tuple(r["config"])): r for r in result["results"]}
-    assert by[(None, (4, 64))]["ms_by_D"] == {"64": 2.0, "128": 2.0} and by[(None, (4, 64))]["ms"] == 4.0
-    assert by[(64, (4, 64, 2))]["ms_by_D"] == {"64": 1.5} and by[(64, (4, 64, 2))]["key_tiles"] == 2
-    assert result["best"]["mma-backward"] == {"all": [4, 64], "64": [4, 64, 2]}
-    times[(4, 64, 2)] = 1.25  # slower at D = 64 than (4, 64) there: the any-D config stays the best at 64
-    result = presets.config_sweep(("mma-backward",), ((1, 1, 64), (1, 1, 128)), "cpu", log=lambda text: None)
-    assert result["best"]["mma-backward"] == {"all": [4, 64], "64": [4, 64]}
-
-
 def _benchmark_sources():
     import ast
     import glob

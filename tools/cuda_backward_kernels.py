@@ -66,12 +66,11 @@ def main(argv=None) -> int:
         window, scale = window_for(causal), D ** -0.5
         ms = {mma: do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, mma))
               for mma in ("mma", "mma-fused")}
-        mma_cands = CONFIG_CANDIDATES["mma-backward"]
-        for cfg in mma_cands[None] + mma_cands.get(D, []) if args.mma_configs else []:
+        for cfg in CONFIG_CANDIDATES["mma-backward"][None] if args.mma_configs else []:
             if tuple(cfg) == tuple(launch_specs.MMA_BACKWARD_CONFIGS[D]):
                 continue
             try:
-                ms[f"mma {cfg[0]}x{cfg[1]}" + (f" k{16 * cfg[2]}" if len(cfg) > 2 else "")] = do_bench(
+                ms[f"mma {cfg[0]}x{cfg[1]}"] = do_bench(
                     lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "mma", tuple(cfg)))
             except Exception as exc:  # a config the GPU cannot hold: printed, not fatal
                 tqdm.write(f"D{D} N{N} causal={causal} mma {cfg}: {type(exc).__name__}: {exc}"[:300])
@@ -101,8 +100,7 @@ def main(argv=None) -> int:
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
     md = [f"# CUDA backward kernels alone ({doc['gpu']}, B{B} H{H}, commit {commit}{' with local changes' if dirty else ''})",
           "", f"`{doc['command']}`; {doc['unit']}. wgmma RxT: R warpgroups per block, streamed tiles of T rows; "
-          f"mma: its library config {launch_specs.MMA_BACKWARD_CONFIGS}, mma WxT: W warps, tiles of T rows (kK: K keys a "
-          f"warp in the dK/dV kernel, its Q tile T / (K / 16) rows).", "",
+          f"mma: its library config {launch_specs.MMA_BACKWARD_CONFIGS}, mma WxT: W warps, tiles of T rows.", "",
           "| D | N | causal | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['D']} | {r['N']} | {r['causal']} | "

@@ -9,7 +9,7 @@ Hopper, wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes:
 D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
 heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
-left bound alone); the mma dK/dV kernel with 32 keys a warp (config (4, 64, 2)). --head-dims keeps only the cases of those head
+left bound alone). --head-dims keeps only the cases of those head
 dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 """
 from __future__ import annotations
@@ -141,18 +141,6 @@ def inner(head_dims=None) -> int:
         finally:
             launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = saved
             launch_specs.clear_caches()
-    # the mma backward's dK/dV kernel with 32 keys a warp (key_tiles 2, D = 64 only; an opt-in sweep config)
-    if not head_dims or 64 in head_dims:
-        from flash_attention_cuda import launch_specs
-
-        for (B, H, Nq, Nk), window in (((1, 2, 100, 100), (-1, 0)), ((2, 1, 37, 300), (40, 9)),
-                                       ((1, 2, 300, 37), (-1, -1))):
-            for dtype in (torch.float16, torch.bfloat16):
-                q = torch.randn(B, H, Nq, 64, device="cuda", dtype=dtype)
-                k, v = (torch.randn(B, H, Nk, 64, device="cuda", dtype=dtype) for _ in range(2))
-                o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, window_size=window)
-                launch_specs.run_backward(q, k, v, o, lse, torch.randn_like(o), window, 0.125, "mma", (4, 64, 2))
-                n += 4
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0

@@ -91,41 +91,6 @@ __device__ __forceinline__ void load_a_rows(unsigned (&a)[D / 16][4], unsigned s
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(a[kk], sA, row0, kk);
 }
 
-// One Q tile of the dK/dV kernel with 32 keys a warp (MT = 2 row tiles of 16, D = 64): the four products of the
-// 16-key path, each on both row tiles at once (fragments.cuh's mma_abt_rows / mma_ab_rows), so every B fragment
-// of Q_i and dO_i read from shared memory feeds two mma instead of one:
-//   S_ij^T[m] = K_w[m] Q_i^T,  dP_ij^T[m] = V_w[m] dO_i^T      (A: the warp's keys 16 m .., read from sK, sV)
-//   dV_j[m] += P_ij^T[m] dO_i,  dK_j[m] += dS_ij^T[m] Q_i        (A: P^T, dS^T in registers)
-// Per tile of Br queries a warp reads (8 Br + 128) D bytes of shared memory for 32 Br pairs, against 8 Br D for
-// 16 Br on the 16-key path with K_w and V_w in registers: at Br = 32, 24 KB for 1024 pairs against 32 KB. The
-// price: the accumulators of 32 keys (dK_j, dV_j: 128 registers at D = 64) leave room for P and dS of 32 queries
-// only, so the streamed Q tile is half as long (launch_specs: tile / 2), with twice the steps.
-template <bool DROPOUT, int D, int Br, bool BF16>
-__device__ __forceinline__ void tile_pair_mt2(float (&dk)[2][D / 8][4], float (&dv)[2][D / 8][4], unsigned sK,
-                                              unsigned sV, unsigned qb, unsigned db, int wkey, const float* lse2,
-                                              const float* delta, float scale_log2, const fa::Mask& mask, int key0,
-                                              int i0, const Dropout& drop) {
-    constexpr int NT = Br / 8;
-    float P_ij[2][NT][4], dS_ij[2][NT][4];  // transposed: P_ij^T, dS_ij^T of the warp's two row tiles
-#pragma unroll
-    for (int m = 0; m < 2; ++m) zero(P_ij[m]), zero(dS_ij[m]);
-    // S_ij^T = K_w Q_i^T, then dP_ij^T = V_w dO_i^T (A fragments of K_w, V_w row tile m from shared memory)
-    mma_abt_rows<D, NT, 2, BF16>(P_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, sK, wkey + 16 * m, kk); },
-                                 qb, 0);
-    mma_abt_rows<D, NT, 2, BF16>(dS_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, sV, wkey + 16 * m, kk); },
-                                 db, 0);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)  // P_ij^T = exp2(S^T scale_log2 - lse2), dS_ij^T = P^T o (dP^T - Delta), masked
-        bwd::p_and_ds<true, DROPOUT>(P_ij[m], dS_ij[m], lse2, delta, scale_log2, mask, key0 + 16 * m, i0, drop);
-    unsigned a[2][Br / 16][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) pack_a<NT, BF16>(a[m], P_ij[m]);
-    mma_ab_rows<D, Br / 16, 2, BF16>(dv, a, db, 0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
-#pragma unroll
-    for (int m = 0; m < 2; ++m) pack_a<NT, BF16>(a[m], dS_ij[m]);
-    mma_ab_rows<D, Br / 16, 2, BF16>(dk, a, qb, 0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
-}
-
 // Shared memory of both kernels: (rows, D) 16-bit swizzled tiles, two that stay for the whole loop (STAY rows
 // each), then two streamed through two buffers each (STREAM rows each, buffer b at + b * STREAM_BYTES).
 template <int D, int STAY, int STREAM>
@@ -250,7 +215,7 @@ __global__ void mma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned sho
 // block): it still computes S^T and dP^T over all of D, so those two products run twice, once per half.
 // DQ (mma_bwd_fused): also dQ_i += dS_ij K_j into dQaccum for every tile pair (add_dq above).
 namespace mma_bwd_detail {
-template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ, int MT = 1>
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
 __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                                            const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                                            const float* __restrict__ LSE, const float* __restrict__ Delta,
@@ -258,9 +223,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
                                            float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
                                            int window_left, int window_right, int group, float dropout_p,
                                            unsigned seed_lo, unsigned seed_hi) {
-    constexpr int Bc = 16 * MT * NWARPS, NTHREADS = NWARPS * 32;
+    constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
     constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per tile
-    static_assert(MT == 1 || (MT == 2 && D == 64 && !DQ), "32 keys a warp: D = 64, the two-kernel dK/dV only");
     extern __shared__ __align__(128) unsigned char smem[];
     using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
     constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
@@ -272,7 +236,7 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32;
-    const int k0 = (blockIdx.x / NCOL) * Bc, wkey = warp * 16 * MT;  // block's first key, warp's first row in it
+    const int k0 = (blockIdx.x / NCOL) * Bc, wkey = warp * 16;  // block's first key, warp's first row in the tile
     const int col0 = (blockIdx.x % NCOL) * DC;                      // the block's first column of dK_j, dV_j
     const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
     const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
@@ -294,46 +258,36 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     if (tiles.count > 0) stream(0, 0);
     cp_async_commit();
 
-    // the warp's 16 MT rows of dK_j and dV_j (DC columns), summed over the group
-    float dk[MT][DC / 8][4], dv[MT][DC / 8][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) zero(dk[m]), zero(dv[m]);
-    // D = 64 (no dropout, no dQ sums, 16 keys a warp): the warp's K_w and V_w in registers for the whole loop, 32 of
-    // them a thread
-    constexpr bool A_REGS = D <= 64 && !DROPOUT && !DQ && MT == 1;
+    float dk[DC / 8][4], dv[DC / 8][4];  // the warp's 16 rows of dK_j and dV_j (DC columns), summed over the group
+    zero(dk);
+    zero(dv);
+    // D = 64 (no dropout, no dQ sums): the warp's K_w and V_w in registers for the whole loop, 32 of them a thread
+    constexpr bool A_REGS = D <= 64 && !DROPOUT && !DQ;
     unsigned kA[A_REGS ? D / 16 : 1][4], vA[A_REGS ? D / 16 : 1][4];
     for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
         const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
         stream_loop(tiles.count, stream, [&](int it, int buf) {
             const int i0 = (tiles.first + it) * Br;
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
-            if constexpr (MT == 2) {  // 32 keys a warp: every B fragment of Q_i and dO_i feeds two row tiles
-                tile_pair_mt2<DROPOUT, D, Br, BF16>(dk, dv, sK, sV, qb, db, wkey, sL + buf * Br, sDl + buf * Br,
-                                                    scale_log2, mask, k0 + wkey, i0, drop);
-            } else {  // 16 keys a warp
-                // P_ij^T and dS_ij^T: the warp's 16 keys x Br queries, from S^T = K_w Q_i^T and dP^T = V_w dO_i^T
-                float P_ij[Br / 8][4], dS_ij[Br / 8][4];  // transposed: P_ij^T, dS_ij^T
-                if constexpr (A_REGS) {
-                    if (it == 0) load_a_rows<D>(kA, sK, wkey), load_a_rows<D>(vA, sV, wkey);  // K_j, V_j landed
-                    p_and_ds_regs<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, kA, qb, vA, db, sL + buf * Br,
-                                                                  sDl + buf * Br, scale_log2, mask, k0 + wkey, i0,
-                                                                  drop);
-                } else {
-                    p_and_ds<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, sK, qb, sV, db, wkey, sL + buf * Br,
-                                                             sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
-                }
-                unsigned a[Br / 16][4];
-                pack_a<Br / 8, BF16>(a, P_ij);
-                // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
-                mma_ab<D, Br / 16, BF16, DC>(dv[0], a, db, 0, col0);
-                pack_a<Br / 8, BF16>(a, dS_ij);
-                mma_ab<D, Br / 16, BF16, DC>(dk[0], a, qb, 0, col0);  // dK_j += dS_ij^T Q_i  (x softmax_scale later)
-                // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sdS is rewritten)
-                if constexpr (DQ) {
-                    store_ds<Br>(sdS, wkey, a);
-                    __syncthreads();
-                    add_dq<D, NWARPS, Br, DC, BF16>(dQaccum + bh * Nq * D, sdS, sK, i0, Nq, col0);
-                }
+            // P_ij^T and dS_ij^T: the warp's 16 keys x Br queries, from S^T = K_w Q_i^T and dP^T = V_w dO_i^T
+            float P_ij[Br / 8][4], dS_ij[Br / 8][4];  // transposed: P_ij^T, dS_ij^T
+            if constexpr (A_REGS) {
+                if (it == 0) load_a_rows<D>(kA, sK, wkey), load_a_rows<D>(vA, sV, wkey);  // K_j, V_j have landed
+                p_and_ds_regs<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, kA, qb, vA, db, sL + buf * Br,
+                                                              sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            } else {
+                p_and_ds<true, DROPOUT, D, Br / 8, BF16>(P_ij, dS_ij, sK, qb, sV, db, wkey, sL + buf * Br,
+                                                         sDl + buf * Br, scale_log2, mask, k0 + wkey, i0, drop);
+            }
+            unsigned a[Br / 16][4];
+            pack_a<Br / 8, BF16>(a, P_ij);
+            mma_ab<D, Br / 16, BF16, DC>(dv, a, db, 0, col0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
+            pack_a<Br / 8, BF16>(a, dS_ij);
+            mma_ab<D, Br / 16, BF16, DC>(dk, a, qb, 0, col0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
+            if constexpr (DQ) {  // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sdS is rewritten)
+                store_ds<Br>(sdS, wkey, a);
+                __syncthreads();
+                add_dq<D, NWARPS, Br, DC, BF16>(dQaccum + bh * Nq * D, sdS, sK, i0, Nq, col0);
             }
         });
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
@@ -345,22 +299,19 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
         cp_async_commit();
     }
     const float softmax_scale = scale_log2 * FA_LN2;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {  // dK_j = softmax_scale * dS^T Q
-        store_rows<D, BF16, DC>(dK + bkv * Nk * D, dk[m], k0 + wkey + 16 * m, Nk, softmax_scale, col0);
-        store_rows<D, BF16, DC>(dV + bkv * Nk * D, dv[m], k0 + wkey + 16 * m, Nk, 1.0f, col0);
-    }
+    store_rows<D, BF16, DC>(dK + bkv * Nk * D, dk, k0 + wkey, Nk, softmax_scale, col0);  // dK_j = softmax_scale * dS^T Q
+    store_rows<D, BF16, DC>(dV + bkv * Nk * D, dv, k0 + wkey, Nk, 1.0f, col0);
 }
 }  // namespace mma_bwd_detail
 
-template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false, int MT = 1>
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
 __global__ void __launch_bounds__(NWARPS * 32)
     mma_bwd_dkdv(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                  const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
                  unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
                  int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
-    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, false, MT>(
+    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, false>(
         Q, K, V, dO, LSE, Delta, dK, dV, nullptr, Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
         seed_lo, seed_hi);
 }
@@ -483,12 +434,6 @@ __global__ void __launch_bounds__(NWARPS * 32)
     template __global__ void mma_bwd_fused<D, 4, T, BF, true> FA_MMA_FUSED_PARAMS;                                  \
     template __global__ void mma_bwd_fused<D, 4, T, BF, false, true> FA_MMA_FUSED_PARAMS;                           \
     template __global__ void mma_bwd_fused<D, 4, T, BF, true, true> FA_MMA_FUSED_PARAMS;
-#define FA_MMA_DKDV_MT2_INST(BF)                                                                                   \
-    template __global__ void mma_bwd_dkdv<64, 4, 32, BF, false, false, 2>(                                        \
-        const unsigned short*, const unsigned short*, const unsigned short*, const unsigned short*, const float*,   \
-        const float*, unsigned short*, unsigned short*, int, int, float, int, int, int, float, unsigned, unsigned);
-FA_MMA_DKDV_MT2_INST(false)
-FA_MMA_DKDV_MT2_INST(true)
 template __global__ void mma_bwd_dq_store<false>(const float*, unsigned short*, long long, float);
 template __global__ void mma_bwd_dq_store<true>(const float*, unsigned short*, long long, float);
 FA_MMA_FUSED_INST(64, 64, false)
