@@ -167,8 +167,8 @@ struct NoDq {
 // that have landed, and the warpgroup whose sum is the last converts the unit:
 //   dQ (its 64 rows, NQ columns) = softmax_scale * dQaccum (the unit), in 16 bits
 // while the unit is still in L2. A sum has landed when its bulk group is complete (cp.async.bulk.wait_group 0),
-// which the warpgroup's first thread checks one tile later, when it needs the buffer again (the group is long
-// done by then): it adds 1 to the unit's counter (atom.acq_rel.gpu: the sum is visible before the count, and
+// which the warpgroup's first thread checks two tiles later (bulk_wait<1>: waiting for the tile before's, the
+// copy engine's round trip to L2, stalled the warpgroup every tile, 13-20 % slower on an H100): it adds 1 to the unit's counter (atom.acq_rel.gpu: the sum is visible before the count, and
 // the last counter sees every other warpgroup's sum) and posts the unit to convert, or -1, in shared memory.
 // A query tile no key tile visits (its rows see no key) gets no sum: wgmma_bwd_ws_preprocess writes its zeros.
 template <int D, int NWG, int Br, bool BF16, int FIRST = 0, bool CONVERT = false>
@@ -184,8 +184,8 @@ struct DqReduce {
     float* dq_tile;  // dQaccum's block(s) of the tile (Br / 64 blocks of 64 x D floats: NWG pieces of 64 x PQ)
     int valid_rows = Br;  // the tile's queries before Nq
     // CONVERT only: the tile's first unit (warpgroup w adds unit + w) and the sums each of its units receives;
-    // the counters; dQaccum and dQ; mail: per warpgroup 3 ints of shared memory (the unit added last and its
-    // expected count, which the first thread alone reads; the unit to convert now, or -1)
+    // the counters; dQaccum and dQ; mail: per warpgroup 6 ints of shared memory (settle's units and counts, which
+    // the first thread alone reads; the units to convert now, or -1)
     int unit = 0, expected = 0;
     unsigned* dq_count = nullptr;
     const float* dq_base = nullptr;
@@ -234,15 +234,14 @@ struct DqReduce {
         if (ROW_SPLIT && 64 * wg >= valid_rows) return;  // rows past Nq: no block of dQaccum to add them to
         const unsigned buf = sdQ + wg * BUF_BYTES;
         if (threadIdx.x % 128 == 0) {
+            tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
             if constexpr (CONVERT) {
-                tma::bulk_wait_all();  // the last tile's sum has landed in dQaccum (and left the buffer)
-                settle(wg, unit + wg, expected);
-            } else {
-                tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
+                tma::bulk_wait<1>();  // every sum but the last tile's has landed in dQaccum
+                settle<false>(wg, unit + wg, expected);
             }
         }
         tma::named_sync(2 + wg, 128);  // ... before any thread writes it
-        const int to_convert = CONVERT ? ld_shared_s32(mail + 12 * wg + 8) : -1;
+        const int to_convert = CONVERT ? ld_shared_s32(mail + 24 * wg + 16) : -1;
 #pragma unroll
         for (int n = 0; n < NQ / 8; ++n)
 #pragma unroll
@@ -265,22 +264,32 @@ struct DqReduce {
         if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last sums are done before the block exits
         if constexpr (CONVERT) {
             const int wg = (threadIdx.x - FIRST) / 128;
-            if (threadIdx.x % 128 == 0) settle(wg, -1, 0);
+            if (threadIdx.x % 128 == 0) settle<true>(wg, -1, 0);
             tma::named_sync(2 + wg, 128);
-            const int to_convert = ld_shared_s32(mail + 12 * wg + 8);
-            if (to_convert >= 0) convert(to_convert);
+            const int first = ld_shared_s32(mail + 24 * wg + 16), second = ld_shared_s32(mail + 24 * wg + 20);
+            if (first >= 0) convert(first);
+            if (second >= 0) convert(second);
         }
     }
-    // CONVERT, the warpgroup's first thread: the sum it added last (if any) has landed; count it, and post the
-    // unit for the warpgroup to convert when it was the last; then remember (next, its expected count)
+    // CONVERT, the warpgroup's first thread. Its mail remembers the units of its last two sums (older, newer)
+    // with their expected counts. When the older one has landed (bulk_wait<1>: one tile after the newer was sent,
+    // so the wait costs nothing), count it, and post it for the warpgroup to convert when it was the unit's last
+    // sum; then (next, its count) becomes the newer. LAST (finish, all landed): count both, post both.
+    template <bool LAST>
     __device__ __forceinline__ void settle(int wg, int next, int next_expected) const {
-        const unsigned m = mail + 12 * wg;
-        const int last = ld_shared_s32(m), last_expected = ld_shared_s32(m + 4);
-        int post = -1;
-        if (last >= 0 && atom_add_acq_rel(dq_count + last, 1u) + 1 == (unsigned)last_expected) post = last;
-        st_shared_s32(m + 8, post);
-        st_shared_s32(m, next);
-        st_shared_s32(m + 4, next_expected);
+        const unsigned m = mail + 24 * wg;
+        const auto count = [&](int u, int expect) {  // u's sum is counted; the last one posts u
+            return u >= 0 && atom_add_acq_rel(dq_count + u, 1u) + 1 == (unsigned)expect ? u : -1;
+        };
+        st_shared_s32(m + 16, count(ld_shared_s32(m), ld_shared_s32(m + 4)));
+        if constexpr (LAST) {
+            st_shared_s32(m + 20, count(ld_shared_s32(m + 8), ld_shared_s32(m + 12)));
+        } else {
+            st_shared_s32(m, ld_shared_s32(m + 8));
+            st_shared_s32(m + 4, ld_shared_s32(m + 12));
+            st_shared_s32(m + 8, next);
+            st_shared_s32(m + 12, next_expected);
+        }
     }
     // CONVERT, the whole warpgroup: dQ's 64 rows x NQ columns of unit u = softmax_scale * its sums, in 16 bits
     __device__ __forceinline__ void convert(int u) const {
@@ -518,7 +527,7 @@ __global__ void __launch_bounds__(384, 1)
     const unsigned kv_full = bars;                                                   //   K_j, V_j landed
     auto q_full = [&](int u) { return bars + 8 * (1 + u % STAGES); };               //   Q tile u's slot filled
     auto q_empty = [&](int u) { return bars + 8 * (1 + STAGES + u % STAGES); };     //   ... and read by all
-    const unsigned mail = bars + 8 * (1 + 2 * STAGES);  // DqReduce's 3 ints per consumer warpgroup
+    const unsigned mail = bars + 8 * (1 + 2 * STAGES);  // DqReduce's 6 ints per consumer warpgroup
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int tid = threadIdx.x, wg = tid / 128;
@@ -595,7 +604,8 @@ __global__ void __launch_bounds__(384, 1)
                   (int)((bh * q_blocks + i0 / 64) * (D / Dq::NQ)), bwd::kv_tiles(mask, i0, i0 + Br, Bc).count,
                   dQcount, dQaccum, dQ, Nq, softmax_scale, mail};
     };
-    if (tid % 128 == 0) Dq::st_shared_s32(mail + 12 * cwg, -1);  // no sum added yet (the first thread's own)
+    if (tid % 128 == 0)  // no sum added yet (the first thread's own mail)
+        Dq::st_shared_s32(mail + 24 * cwg, -1), Dq::st_shared_s32(mail + 24 * cwg + 8, -1);
     float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
     zero(dk);
