@@ -279,7 +279,9 @@ struct DqReduce {
     __device__ __forceinline__ void settle(int wg, int next, int next_expected) const {
         const unsigned m = mail + 24 * wg;
         const auto count = [&](int u, int expect) {  // u's sum is counted; the last one posts u
-            return u >= 0 && atom_add_acq_rel(dq_count + u, 1u) + 1 == (unsigned)expect ? u : -1;
+            if (u < 0 || atom_add_relaxed(dq_count + u, 1u) + 1 != (unsigned)expect) return -1;
+            fence_acq_rel_gpu();  // the other blocks' sums, counted before, are seen by this block's loads
+            return u;
         };
         st_shared_s32(m + 16, count(ld_shared_s32(m), ld_shared_s32(m + 4)));
         if constexpr (LAST) {
@@ -321,11 +323,12 @@ struct DqReduce {
     __device__ __forceinline__ static void st_shared_s32(unsigned addr, int v) {
         asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
-    __device__ __forceinline__ static unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
+    __device__ __forceinline__ static unsigned atom_add_relaxed(unsigned* p, unsigned v) {
         unsigned old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
         return old;
     }
+    __device__ __forceinline__ static void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 };
 
 // the third product of dkdv_block: DqReduce with DQ, else none
