@@ -580,9 +580,9 @@ def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
     # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ 2 buffers
     # of 64 x D / 2 floats (Br = 128: of 64 x D); sL and sDl STAGES x Br floats each; the mbarriers (kv_full,
-    # q_full and q_empty per stage); DqReduce's mail (6 ints per consumer warpgroup); + alignment
+    # q_full and q_empty per stage); DqReduce's mail (12 ints per consumer warpgroup); + alignment
     smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + (Br // 64) * 64 * p.D * 4 \
-        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 2 * 24 + 1024
+        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 2 * 48 + 1024
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
                       ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart", "dQ", "dQcount"), _tc_args(p),

@@ -193,6 +193,7 @@ struct DqReduce {
     int Nq = 0;
     float softmax_scale = 0.0f;
     unsigned mail = 0;
+    mutable unsigned ticket = 0;  // the first thread's: the old value of the counter add in flight
     // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 64) registers of
     // its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
     mutable float own[NQ < Br ? NQ / 2 : 1];
@@ -241,7 +242,7 @@ struct DqReduce {
             }
         }
         tma::named_sync(2 + wg, 128);  // ... before any thread writes it
-        const int to_convert = CONVERT ? ld_shared_s32(mail + 24 * wg + 16) : -1;
+        const int to_convert = CONVERT ? ld_shared_s32(mail + 48 * wg + 24) : -1;
 #pragma unroll
         for (int n = 0; n < NQ / 8; ++n)
 #pragma unroll
@@ -266,9 +267,11 @@ struct DqReduce {
             const int wg = (threadIdx.x - FIRST) / 128;
             if (threadIdx.x % 128 == 0) settle<true>(wg, -1, 0);
             tma::named_sync(2 + wg, 128);
-            const int first = ld_shared_s32(mail + 24 * wg + 16), second = ld_shared_s32(mail + 24 * wg + 20);
-            if (first >= 0) convert(first);
-            if (second >= 0) convert(second);
+#pragma unroll 1
+            for (int k = 0; k < 3; ++k) {  // the three posts of settle<true>
+                const int u = ld_shared_s32(mail + 48 * wg + 24 + 4 * k);
+                if (u >= 0) convert(u);
+            }
         }
     }
     // CONVERT, the warpgroup's first thread. Its mail remembers the units of its last two sums (older, newer)
@@ -277,21 +280,30 @@ struct DqReduce {
     // sum; then (next, its count) becomes the newer. LAST (finish, all landed): count both, post both.
     template <bool LAST>
     __device__ __forceinline__ void settle(int wg, int next, int next_expected) const {
-        const unsigned m = mail + 24 * wg;
-        const auto count = [&](int u, int expect) {  // u's sum is counted; the last one posts u
-            if (u < 0 || atom_add_relaxed(dq_count + u, 1u) + 1 != (unsigned)expect) return -1;
-            fence_acq_rel_gpu();  // the other blocks' sums, counted before, are seen by this block's loads
-            return u;
-        };
-        st_shared_s32(m + 16, count(ld_shared_s32(m), ld_shared_s32(m + 4)));
-        if constexpr (LAST) {
-            st_shared_s32(m + 20, count(ld_shared_s32(m + 8), ld_shared_s32(m + 12)));
+        // mail (ints): 0, 1 older unit, count (sent two tiles ago); 2, 3 newer (sent last tile); 4, 5 the unit
+        // whose counter add is in flight (its old value arrives in `ticket`, read only one tile later); 6.. posts
+        const unsigned m = mail + 48 * wg;
+        const int held = ld_shared_s32(m + 16), held_expected = ld_shared_s32(m + 20);
+        int post = -1;
+        if (held >= 0 && ticket + 1 == (unsigned)held_expected) post = held;
+        const int older = ld_shared_s32(m), older_expected = ld_shared_s32(m + 4);
+        if (older >= 0) ticket = atom_add_relaxed(dq_count + older, 1u);
+        if constexpr (LAST) {  // everything has landed: the last two counted now
+            const int newer = ld_shared_s32(m + 8), newer_expected = ld_shared_s32(m + 12);
+            const bool a = older >= 0 && ticket + 1 == (unsigned)older_expected;
+            const bool b = newer >= 0 && atom_add_relaxed(dq_count + newer, 1u) + 1 == (unsigned)newer_expected;
+            st_shared_s32(m + 28, a ? older : -1);
+            st_shared_s32(m + 32, b ? newer : -1);
         } else {
+            st_shared_s32(m + 16, older);
+            st_shared_s32(m + 20, older_expected);
             st_shared_s32(m, ld_shared_s32(m + 8));
             st_shared_s32(m + 4, ld_shared_s32(m + 12));
             st_shared_s32(m + 8, next);
             st_shared_s32(m + 12, next_expected);
         }
+        if (post >= 0 || LAST) fence_acq_rel_gpu();  // the other blocks' sums, counted before, seen by the loads
+        st_shared_s32(m + 24, post);
     }
     // CONVERT, the whole warpgroup: dQ's 64 rows x NQ columns of unit u = softmax_scale * its sums, in 16 bits
     __device__ __forceinline__ void convert(int u) const {
@@ -530,7 +542,7 @@ __global__ void __launch_bounds__(384, 1)
     const unsigned kv_full = bars;                                                   //   K_j, V_j landed
     auto q_full = [&](int u) { return bars + 8 * (1 + u % STAGES); };               //   Q tile u's slot filled
     auto q_empty = [&](int u) { return bars + 8 * (1 + STAGES + u % STAGES); };     //   ... and read by all
-    const unsigned mail = bars + 8 * (1 + 2 * STAGES);  // DqReduce's 6 ints per consumer warpgroup
+    const unsigned mail = bars + 8 * (1 + 2 * STAGES);  // DqReduce's 12 ints per consumer warpgroup
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int tid = threadIdx.x, wg = tid / 128;
@@ -601,14 +613,16 @@ __global__ void __launch_bounds__(384, 1)
     const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
     const float softmax_scale = scale_log2 * FA_LN2;
     // the sums each unit of a Q tile receives: one from every K/V tile its queries see
+    unsigned ticket = 0;
     const auto dq_of_tile = [&](unsigned sds, int i0, long long bh) {  // (i0 = -1: none, for finish)
-        if (i0 < 0) return Dq{sds, sK, sdQ, dQaccum, 0, 0, 0, dQcount, dQaccum, dQ, Nq, softmax_scale, mail};
+        if (i0 < 0) return Dq{sds, sK, sdQ, dQaccum, 0, 0, 0, dQcount, dQaccum, dQ, Nq, softmax_scale, mail, ticket};
         return Dq{sds, sK, sdQ, dQaccum + (bh * q_blocks * 64 + i0) * D, Nq - i0,
                   (int)((bh * q_blocks + i0 / 64) * (D / Dq::NQ)), bwd::kv_tiles(mask, i0, i0 + Br, Bc).count,
-                  dQcount, dQaccum, dQ, Nq, softmax_scale, mail};
+                  dQcount, dQaccum, dQ, Nq, softmax_scale, mail, ticket};
     };
     if (tid % 128 == 0)  // no sum added yet (the first thread's own mail)
-        Dq::st_shared_s32(mail + 24 * cwg, -1), Dq::st_shared_s32(mail + 24 * cwg + 8, -1);
+        Dq::st_shared_s32(mail + 48 * cwg, -1), Dq::st_shared_s32(mail + 48 * cwg + 8, -1),
+            Dq::st_shared_s32(mail + 48 * cwg + 16, -1);
     float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
     zero(dk);
@@ -630,6 +644,7 @@ __global__ void __launch_bounds__(384, 1)
                                                      dk, qb,  // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
                                                      i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
+            ticket = dq.ticket;  // (a register: the counter add's old value, still in flight)
             tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
     }
