@@ -17,9 +17,8 @@ them, in the kernel's order. The specs are plain data, so the tests check them o
               wgmma_bwd_preprocess, wgmma_bwd_fused,             (the same file: Delta and a zeroed float32
               wgmma_bwd_dq_store                                 dQ buffer, one kernel summing dQ into it
                                                                  atomically, then dQ stored)
-              wgmma_bwd_ws_preprocess, wgmma_bwd_ws,             (the one kernel warp-specialised, writing dQ
-              wgmma_bwd_kv_sum                                   itself; the sum of its dK, dV parts when it
-                                                                 splits query heads)
+              wgmma_bwd_ws, wgmma_bwd_kv_sum                     (the one kernel warp-specialised; the sum of
+                                                                 its dK, dV parts when it splits query heads)
 
 Every kernel gets the softmax scale as ONE signed ``scale_log2 = softmax_scale * log2(e)`` (``scale_args``)
 and the mask as its window ``(window_left, window_right)`` (``mask_args``; causal is (-1, 0), see
@@ -58,8 +57,8 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
            "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
-           "wgmma_bwd_dq_store", "wgmma_bwd_ws_preprocess",
-           "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape", "dq_units",
+           "wgmma_bwd_dq_store",
+           "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward", "BackwardPlan", "backward_plan", "clear_caches",
            "run_seed_nomax"]
 
@@ -572,20 +571,18 @@ def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
     warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
     (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
-    (``dq_accum_shape``, zeroed by ``wgmma_bwd_ws_preprocess``) as in wgmma_bwd_fused, and converted to dQ by the
-    kernel itself: the block that adds a unit's last sum (counted in ``dQcount``, ``dq_units`` counters) writes
-    that unit of dQ. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the float32 dKVpart,
-    ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
+    (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
+    float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
     Bc = 128
     Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
     # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ 2 buffers
     # of 64 x D / 2 floats (Br = 128: of 64 x D); sL and sDl STAGES x Br floats each; the mbarriers (kv_full,
-    # q_full and q_empty per stage); DqReduce's mail (12 ints per consumer warpgroup); + alignment
+    # q_full and q_empty per stage); + alignment
     smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + (Br // 64) * 64 * p.D * 4 \
-        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 2 * 48 + 1024
+        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 1024
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
-                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart", "dQ", "dQcount"), _tc_args(p),
+                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
 
 
@@ -614,30 +611,12 @@ def wgmma_bwd_preprocess(p: Problem) -> LaunchSpec:
 
 
 @_cached
-def wgmma_bwd_ws_preprocess(p: Problem) -> LaunchSpec:
-    """wgmma_backward.cu: wgmma_bwd_ws's first step, as ``wgmma_bwd_preprocess`` (Delta, dQaccum = 0), with its
-    ``dq_units`` counters zeroed and dQ = 0 on the rows that see no key, in the same pass."""
-    rows = p.B * p.H * p.Nq
-    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws_preprocess<{p.D}, {_bf16(p)}>", (_cdiv(rows, 4),), (128,),
-                      0, ("O", "dO", "Delta", "dQaccum", "dQcount", "dQ"),
-                      (("rows", np.int64(rows)), ("zeros", np.int64(math.prod(dq_accum_shape(p)))),
-                       ("counts", np.int64(dq_units(p))), ("Nq", np.int32(p.Nq)), ("Nk", np.int32(p.Nk)))
-                      + tuple(zip(("window_left", "window_right"), mask_args(p.window))))
-
-
-@_cached
 def wgmma_bwd_dq_store(p: Problem) -> LaunchSpec:
     """wgmma_backward.cu: dQ = softmax_scale * dQaccum in 16 bits, 4 elements per thread, 256 threads a block."""
     n = p.B * p.H * p.Nq * p.D
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_dq_store<{p.D}, 2, {_bf16(p)}>", (_cdiv(n, 4 * 256),), (256,),
                       0, ("dQaccum", "dQ"), (("Nq", np.int32(p.Nq)), ("n", np.int64(n)),
                                              ("softmax_scale", np.float32(p.scale))))
-
-
-def dq_units(p: Problem) -> int:
-    """wgmma_bwd_ws's counters, one per unit of dQaccum one warpgroup adds at a time (64 rows x D / 2 columns, or
-    64 x D with tiles of 128 queries): as many as the smaller units, whatever the config."""
-    return p.B * p.H * _cdiv(p.Nq, 64) * 2
 
 
 def dq_accum_shape(p: Problem) -> tuple:
@@ -767,12 +746,8 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
     if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
         # atomically) dQ, then dQ
         one = wgmma_bwd_ws(p, config) if kernel == "wgmma-ws" else wgmma_bwd_fused(p)
-        if kernel == "wgmma-ws":  # dQ written by wgmma_bwd_ws itself (its blocks count each unit's sums)
-            specs = (wgmma_bwd_ws_preprocess(p), one)
-            sizes = [("dQaccum", math.prod(dq_accum_shape(p))), ("Delta", B * H * Nq), ("dQcount", dq_units(p))]
-        else:
-            specs = (wgmma_bwd_preprocess(p), one, wgmma_bwd_dq_store(p))
-            sizes = [("dQaccum", math.prod(dq_accum_shape(p))), ("Delta", B * H * Nq)]
+        specs = (wgmma_bwd_preprocess(p), one, wgmma_bwd_dq_store(p))
+        sizes = [("dQaccum", math.prod(dq_accum_shape(p))), ("Delta", B * H * Nq)]
         if kernel == "wgmma-ws" and ws_backward_splits(p) > 1:  # split query heads: partial dK, dV, then their sum
             specs += (wgmma_bwd_kv_sum(p),)
             sizes.append(("dKVpart", math.prod(kv_part_shape(p))))
@@ -788,7 +763,7 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
     for name, n in sizes:
         scratch.append((name, size))
         size += _cdiv(n, _SCRATCH_ALIGN) * _SCRATCH_ALIGN
-    if kernel == "wgmma-ws" and len(sizes) == 3:  # no split: wgmma_bwd_ws does not touch dKVpart
+    if kernel == "wgmma-ws" and len(sizes) == 2:  # no split: wgmma_bwd_ws does not touch dKVpart
         scratch.append(("dKVpart", 0))
     return BackwardPlan(kernel, None, p, specs, tuple(scratch), size, dtype)
 

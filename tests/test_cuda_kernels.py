@@ -185,7 +185,7 @@ def _all_specs():
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
                         (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_preprocess(p), p),
-                        (launch_specs.wgmma_bwd_dq_store(p), p), (launch_specs.wgmma_bwd_ws_preprocess(p), p),
+                        (launch_specs.wgmma_bwd_dq_store(p), p),
                         (launch_specs.wgmma_bwd_kv_sum(p), p)]
     return out
 
@@ -305,8 +305,8 @@ def test_launch_specs_grid_block_smem():
 
 
 def _check_call(call, arrays):
-    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta, dQaccum,
-    dKVpart and dQcount, which the backward allocates itself, are not among them)."""
+    """One recorded launch passes what its kernel declares, the named arrays' addresses first (Delta, dQaccum and
+    dKVpart, which the backward allocates itself, are not among them)."""
     kern, grid, block, args, smem = call
     want = _kernel_params(kern.source)[kern.name.split("<")[0]]
     assert len(args) == len(want), kern.name
@@ -317,8 +317,7 @@ def _check_call(call, arrays):
             assert arg[0] == x.data_ptr() and arg[1:3] == ((D, N, B * H), (2 * D, 2 * D * N)), (kern.name, name)
             assert arg[3][0] == 64 and arg[3][2] == 1, (kern.name, name)
         elif kind == "ptr":
-            assert name.lower() in ("delta", "dqaccum", "dkvpart", "dqcount") or \
-                arg == arrays[name.lower()].data_ptr(), \
+            assert name.lower() in ("delta", "dqaccum", "dkvpart") or arg == arrays[name.lower()].data_ptr(), \
                 (kern.name, name)
         else:
             assert type(arg) is kind, (kern.name, name)
@@ -343,13 +342,13 @@ def test_launch_plumbing_without_a_gpu(recorded_launches):
         # fp16/bf16, the fp32 kernels for float32
         assert HOPPER_BACKWARD == "wgmma-ws"
         auto = (["bwd_preprocess", "bwd_dkdv", "bwd_dq"] if dtype == "float32" else
-                ["wgmma_bwd_ws_preprocess", "wgmma_bwd_ws"])
+                ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])
         for bwd_kernel, names in (("auto", auto),
                                   ("wgmma", ["mma_bwd_preprocess", "wgmma_bwd_dkdv", "wgmma_bwd_dq"]),
                                   ("mma", ["mma_bwd_preprocess", "mma_bwd_dkdv", "mma_bwd_dq"]),
                                   ("mma-fused", ["mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store"]),
                                   ("wgmma-fused", ["wgmma_bwd_preprocess", "wgmma_bwd_fused", "wgmma_bwd_dq_store"]),
-                                  ("wgmma-ws", ["wgmma_bwd_ws_preprocess", "wgmma_bwd_ws"])):
+                                  ("wgmma-ws", ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store"])):
             if bwd_kernel != "auto" and dtype == "float32":
                 continue
             recorded_launches.clear()
@@ -378,7 +377,7 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
     recorded_launches.clear()
     grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "wgmma-ws")
     assert [c[0].name.split("<")[0] for c in recorded_launches] == [
-        "wgmma_bwd_ws_preprocess", "wgmma_bwd_ws", "wgmma_bwd_kv_sum"]
+        "wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store", "wgmma_bwd_kv_sum"]
     assert recorded_launches[1][1] == (1, 1, 4)  # the grid: 4 blocks, one query head each
     for c in recorded_launches:
         _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
@@ -386,21 +385,21 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
 
 def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_launches):
     """run_backward works out what to launch once per distinct call (launch_specs.backward_plan): the kernel 'auto'
-    resolves to, the head dim it pads to, the specs, and the 4-byte buffers no caller sees (Delta, dQaccum,
-    dKVpart, dQcount) at 256-byte aligned offsets into one allocation, none overlapping; clear_caches forgets it."""
+    resolves to, the head dim it pads to, the specs, and the float32 buffers no caller sees (Delta, dQaccum,
+    dKVpart) at 256-byte aligned offsets into one allocation, none overlapping; clear_caches forgets it."""
     plan_of = launch_specs.backward_plan
     args = ("float16", (2, 6, 300, 64), (2, 2, 420, 64), (9, 0), CAUSAL, 0.125, (0.0, None), None)
     plan = plan_of("auto", *args)
     assert plan is plan_of("auto", *args) and plan.kernel == "wgmma-ws" and plan.pad_to is None
-    assert [s.name.split("<")[0] for s in plan.specs] == ["wgmma_bwd_ws_preprocess", "wgmma_bwd_ws",
+    assert [s.name.split("<")[0] for s in plan.specs] == ["wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store",
                                                           "wgmma_bwd_kv_sum"]  # 2 x 2 x 4 blocks: the group split
     sizes = {"dQaccum": math.prod(launch_specs.dq_accum_shape(plan.p)), "Delta": 2 * 6 * 300,
-             "dKVpart": math.prod(launch_specs.kv_part_shape(plan.p)), "dQcount": 2 * 6 * 5 * 2}
+             "dKVpart": math.prod(launch_specs.kv_part_shape(plan.p))}
     spans = sorted((offset, offset + sizes[name]) for name, offset in plan.scratch)
     assert {name for name, _ in plan.scratch} == set(sizes) and spans[-1][1] <= plan.scratch_size
     assert all(a % 64 == 0 and b <= c for (a, b), (c, _) in zip(spans, spans[1:] + [(plan.scratch_size, 0)]))
     whole = plan_of("wgmma-ws", "bfloat16", (2, 8, 4096, 128), (2, 8, 4096, 128), (9, 0), CAUSAL, 0.1)
-    assert len(whole.specs) == 2 and dict(whole.scratch)["dKVpart"] == dict(whole.scratch)["dQaccum"]  # untouched
+    assert len(whole.specs) == 3 and dict(whole.scratch)["dKVpart"] == dict(whole.scratch)["dQaccum"]  # untouched
     assert plan_of("mma", *args).scratch == (("Delta", 0),)
     assert plan_of("wgmma-ws", "float16", (1, 2, 50, 96), (1, 2, 50, 96), (9, 0), CAUSAL, 0.1).pad_to == 128
     tiled = plan_of("auto", "float32", (1, 2, 50, 64), (1, 2, 50, 64), (9, 0), CAUSAL, 0.1)
@@ -425,10 +424,9 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     recorded_launches.clear()
     launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.125, "auto")
     pre, ws = recorded_launches[0][3], recorded_launches[1][3]
-    delta, dq_accum, dq_count = pre[2], pre[3], pre[4]  # wgmma_bwd_ws_preprocess(O, dO, Delta, dQaccum, dQcount, dQ, ..)
-    assert delta - dq_accum == 4 * dict(plan.scratch)["Delta"] and dq_count - dq_accum == 4 * dict(plan.scratch)["dQcount"]
-    # after the 4 maps: LSE, Delta, dK, dV, dQaccum, dKVpart, dQ, dQcount
-    assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,) and ws[10:12] == (pre[5], dq_count)
+    delta, dq_accum = pre[2], pre[3]  # wgmma_bwd_preprocess(O, dO, Delta, dQaccum, ...)
+    assert delta - dq_accum == 4 * dict(plan.scratch)["Delta"]
+    assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,)  # after the 4 maps: LSE, Delta, dK, dV, dQaccum
 
 
 @pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128), (160, 256), (256, 256)])

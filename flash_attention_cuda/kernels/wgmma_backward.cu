@@ -160,18 +160,7 @@ struct NoDq {
 // all D columns of queries [64 w, 64 w + 64) (dS_ij's rows 64 w .. as A; an n64 product, not an n32 one), and
 // handing the copy engine the whole 64 x D block of dQaccum those rows fall in (its NWG pieces, in their layout);
 // a block past Nq (valid_rows <= 64 w: the last tile of 128 queries may end inside its first 64) is not added.
-// CONVERT (wgmma_bwd_ws): the kernel writes dQ itself, with no pass of its own over dQaccum afterwards. Call a
-// "unit" what one warpgroup's bulk add covers (64 x NQ floats, unit index = its offset in dQaccum / (64 NQ)).
-// Every K/V tile whose keys some query of the tile sees adds to the unit once, so it receives `expected` =
-// bwd::kv_tiles(..).count sums; a counter per unit (dq_count, zeroed by wgmma_bwd_ws_preprocess) counts the sums
-// that have landed, and the warpgroup whose sum is the last converts the unit:
-//   dQ (its 64 rows, NQ columns) = softmax_scale * dQaccum (the unit), in 16 bits
-// while the unit is still in L2. A sum has landed when its bulk group is complete (cp.async.bulk.wait_group 0),
-// which the warpgroup's first thread checks two tiles later (bulk_wait<1>: waiting for the tile before's, the
-// copy engine's round trip to L2, stalled the warpgroup every tile, 13-20 % slower on an H100): it adds 1 to the unit's counter (atom.acq_rel.gpu: the sum is visible before the count, and
-// the last counter sees every other warpgroup's sum) and posts the unit to convert, or -1, in shared memory.
-// A query tile no key tile visits (its rows see no key) gets no sum: wgmma_bwd_ws_preprocess writes its zeros.
-template <int D, int NWG, int Br, bool BF16, int FIRST = 0, bool CONVERT = false>
+template <int D, int NWG, int Br, bool BF16, int FIRST = 0>
 struct DqReduce {
     static constexpr bool ROW_SPLIT = Br > 64;
     static_assert(Br == 64 || (Br == 64 * NWG && D == 64), "tiles of 64 queries, or 64 per warpgroup at D = 64");
@@ -183,17 +172,6 @@ struct DqReduce {
     unsigned sdQ;    // NWG buffers of 64 x NQ floats
     float* dq_tile;  // dQaccum's block(s) of the tile (Br / 64 blocks of 64 x D floats: NWG pieces of 64 x PQ)
     int valid_rows = Br;  // the tile's queries before Nq
-    // CONVERT only: the tile's first unit (warpgroup w adds unit + w) and the sums each of its units receives;
-    // the counters; dQaccum and dQ; mail: per warpgroup 6 ints of shared memory (settle's units and counts, which
-    // the first thread alone reads; the units to convert now, or -1)
-    int unit = 0, expected = 0;
-    unsigned* dq_count = nullptr;
-    const float* dq_base = nullptr;
-    unsigned short* dQ = nullptr;
-    int Nq = 0;
-    float softmax_scale = 0.0f;
-    unsigned mail = 0;
-    mutable unsigned ticket = 0;  // the first thread's: the old value of the counter add in flight
     // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 64) registers of
     // its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
     mutable float own[NQ < Br ? NQ / 2 : 1];
@@ -234,15 +212,8 @@ struct DqReduce {
         const int wg = (threadIdx.x - FIRST) / 128, r0 = 16 * ((threadIdx.x / 32) % 4);
         if (ROW_SPLIT && 64 * wg >= valid_rows) return;  // rows past Nq: no block of dQaccum to add them to
         const unsigned buf = sdQ + wg * BUF_BYTES;
-        if (threadIdx.x % 128 == 0) {
-            tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
-            if constexpr (CONVERT) {
-                tma::bulk_wait<1>();  // every sum but the last tile's has landed in dQaccum
-                settle<false>(wg, unit + wg, expected);
-            }
-        }
-        tma::named_sync(2 + wg, 128);  // ... before any thread writes it
-        const int to_convert = CONVERT ? ld_shared_s32(mail + 48 * wg + 24) : -1;
+        if (threadIdx.x % 128 == 0) tma::bulk_wait_read<0>();  // the last tile's sum has left the buffer ...
+        tma::named_sync(2 + wg, 128);                          // ... before any thread writes it
 #pragma unroll
         for (int n = 0; n < NQ / 8; ++n)
 #pragma unroll
@@ -259,88 +230,10 @@ struct DqReduce {
             tma::bulk_reduce_add(dq_tile + wg * 64 * NQ, buf, BUF_BYTES);  // dQaccum += the 64 x NQ block (piece)
             tma::bulk_commit();
         }
-        if (CONVERT && to_convert >= 0) convert(to_convert);  // while dK's product runs
     }
     __device__ __forceinline__ void finish() const {
         if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last sums are done before the block exits
-        if constexpr (CONVERT) {
-            const int wg = (threadIdx.x - FIRST) / 128;
-            if (threadIdx.x % 128 == 0) settle<true>(wg, -1, 0);
-            tma::named_sync(2 + wg, 128);
-#pragma unroll 1
-            for (int k = 0; k < 3; ++k) {  // the three posts of settle<true>
-                const int u = ld_shared_s32(mail + 48 * wg + 24 + 4 * k);
-                if (u >= 0) convert(u);
-            }
-        }
     }
-    // CONVERT, the warpgroup's first thread. Its mail remembers the units of its last two sums (older, newer)
-    // with their expected counts. When the older one has landed (bulk_wait<1>: one tile after the newer was sent,
-    // so the wait costs nothing), count it, and post it for the warpgroup to convert when it was the unit's last
-    // sum; then (next, its count) becomes the newer. LAST (finish, all landed): count both, post both.
-    template <bool LAST>
-    __device__ __forceinline__ void settle(int wg, int next, int next_expected) const {
-        // mail (ints): 0, 1 older unit, count (sent two tiles ago); 2, 3 newer (sent last tile); 4, 5 the unit
-        // whose counter add is in flight (its old value arrives in `ticket`, read only one tile later); 6.. posts
-        const unsigned m = mail + 48 * wg;
-        const int held = ld_shared_s32(m + 16), held_expected = ld_shared_s32(m + 20);
-        int post = -1;
-        if (held >= 0 && ticket + 1 == (unsigned)held_expected) post = held;
-        const int older = ld_shared_s32(m), older_expected = ld_shared_s32(m + 4);
-        if (older >= 0) ticket = atom_add_relaxed(dq_count + older, 1u);
-        if constexpr (LAST) {  // everything has landed: the last two counted now
-            const int newer = ld_shared_s32(m + 8), newer_expected = ld_shared_s32(m + 12);
-            const bool a = older >= 0 && ticket + 1 == (unsigned)older_expected;
-            const bool b = newer >= 0 && atom_add_relaxed(dq_count + newer, 1u) + 1 == (unsigned)newer_expected;
-            st_shared_s32(m + 28, a ? older : -1);
-            st_shared_s32(m + 32, b ? newer : -1);
-        } else {
-            st_shared_s32(m + 16, older);
-            st_shared_s32(m + 20, older_expected);
-            st_shared_s32(m, ld_shared_s32(m + 8));
-            st_shared_s32(m + 4, ld_shared_s32(m + 12));
-            st_shared_s32(m + 8, next);
-            st_shared_s32(m + 12, next_expected);
-        }
-        if (post >= 0 || LAST) fence_acq_rel_gpu();  // the other blocks' sums, counted before, seen by the loads
-        st_shared_s32(m + 24, post);
-    }
-    // CONVERT, the whole warpgroup: dQ's 64 rows x NQ columns of unit u = softmax_scale * its sums, in 16 bits
-    __device__ __forceinline__ void convert(int u) const {
-        constexpr int UNITS = D / NQ, CHUNKS = NQ / 4, PER = 64 * CHUNKS / 128;  // units per block; float4s
-        const int blk = u / UNITS, part = u % UNITS, q_blocks = (Nq + 63) / 64, row0 = (blk % q_blocks) * 64;
-        const float* src = dq_base + (long long)u * 64 * NQ;
-        unsigned short* dst = dQ + ((long long)(blk / q_blocks) * Nq + row0) * D + part * NQ;
-        const int t = (threadIdx.x - FIRST) % 128;
-        float4 x[PER];
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {  // all loads first (L2: the other SMs' sums), then the stores
-            const int e = t + 128 * k, r = e / CHUNKS, c = 4 * (e % CHUNKS), piece = c / PQ, cc = c % PQ;
-            x[k] = __ldcg(reinterpret_cast<const float4*>(src + piece * 64 * PQ + r * PQ + (((cc >> 2) ^ (r & 7)) << 2)));
-        }
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int e = t + 128 * k, r = e / CHUNKS, c = 4 * (e % CHUNKS);
-            if (row0 + r < Nq)
-                *reinterpret_cast<uint2*>(dst + (long long)r * D + c) =
-                    make_uint2(ptx::pack2<BF16>(x[k].x * softmax_scale, x[k].y * softmax_scale),
-                               ptx::pack2<BF16>(x[k].z * softmax_scale, x[k].w * softmax_scale));
-        }
-    }
-    __device__ __forceinline__ static int ld_shared_s32(unsigned addr) {
-        int v;
-        asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-        return v;
-    }
-    __device__ __forceinline__ static void st_shared_s32(unsigned addr, int v) {
-        asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-    }
-    __device__ __forceinline__ static unsigned atom_add_relaxed(unsigned* p, unsigned v) {
-        unsigned old;
-        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-        return old;
-    }
-    __device__ __forceinline__ static void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 };
 
 // the third product of dkdv_block: DqReduce with DQ, else none
@@ -517,14 +410,14 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, const __grid_constant__ tma::TmaMap tmdO,
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
-                 unsigned short* __restrict__ dV, float* __restrict__ dQaccum, float* __restrict__ dKVpart,
-                 unsigned short* __restrict__ dQ, unsigned* __restrict__ dQcount, int Nq, int Nk, float scale_log2,
-                 int window_left, int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
+                 unsigned short* __restrict__ dV, float* __restrict__ dQaccum, float* __restrict__ dKVpart, int Nq,
+                 int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
+                 unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
     static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)),
                   "D in {64, 128}; Br 64 (or 128 at D = 64)");
     constexpr int NWG = 2, Bc = 128;  // consumer warpgroups, keys per block
-    using Dq = DqReduce<D, NWG, Br, BF16, 128, true>;  // dQ converted by the block that adds a unit's last sum
+    using Dq = DqReduce<D, NWG, Br, BF16, 128>;
     constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2;
     constexpr unsigned DQ_BYTES = NWG * Dq::BUF_BYTES;  // the consumers' buffers of dQ sums
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -542,7 +435,6 @@ __global__ void __launch_bounds__(384, 1)
     const unsigned kv_full = bars;                                                   //   K_j, V_j landed
     auto q_full = [&](int u) { return bars + 8 * (1 + u % STAGES); };               //   Q tile u's slot filled
     auto q_empty = [&](int u) { return bars + 8 * (1 + STAGES + u % STAGES); };     //   ... and read by all
-    const unsigned mail = bars + 8 * (1 + 2 * STAGES);  // DqReduce's 12 ints per consumer warpgroup
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int tid = threadIdx.x, wg = tid / 128;
@@ -611,18 +503,6 @@ __global__ void __launch_bounds__(384, 1)
     const int wkey = 64 * cwg + 16 * (warp % 4);   // the warp's first key in the block
     const unsigned sK_wg = sK + 64 * cwg * 128, sV_wg = sV + 64 * cwg * 128;  // the warpgroup's 64 keys
     const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
-    const float softmax_scale = scale_log2 * FA_LN2;
-    // the sums each unit of a Q tile receives: one from every K/V tile its queries see
-    unsigned ticket = 0;
-    const auto dq_of_tile = [&](unsigned sds, int i0, long long bh) {  // (i0 = -1: none, for finish)
-        if (i0 < 0) return Dq{sds, sK, sdQ, dQaccum, 0, 0, 0, dQcount, dQaccum, dQ, Nq, softmax_scale, mail, ticket};
-        return Dq{sds, sK, sdQ, dQaccum + (bh * q_blocks * 64 + i0) * D, Nq - i0,
-                  (int)((bh * q_blocks + i0 / 64) * (D / Dq::NQ)), bwd::kv_tiles(mask, i0, i0 + Br, Bc).count,
-                  dQcount, dQaccum, dQ, Nq, softmax_scale, mail, ticket};
-    };
-    if (tid % 128 == 0)  // no sum added yet (the first thread's own mail)
-        Dq::st_shared_s32(mail + 48 * cwg, -1), Dq::st_shared_s32(mail + 48 * cwg + 8, -1),
-            Dq::st_shared_s32(mail + 48 * cwg + 16, -1);
     float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
     zero(dk);
@@ -633,23 +513,24 @@ __global__ void __launch_bounds__(384, 1)
     for (int g = g0, u = 0; g < g1; ++g) {
         const long long bh = bh0 + g;
         const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
+        float* dq_head = dQaccum + bh * q_blocks * 64 * D;
         for (int t = 0; t < tiles.count; ++t, ++u) {
             const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
             const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
             tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
-            const Dq dq = dq_of_tile(sdS + (u & 1) * DS_BYTES, i0, bh);
+            const Dq dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D, Nq - i0};
             // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
             tile_pair<true, DROPOUT, D, Bc, Br, BF16, Dq, D / 2, Br == 64>(s, dp, sK_wg, qb, sV_wg, db,
                                                      dv, db,  // dV_j += P_ij^T dO_i
                                                      dk, qb,  // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
                                                      i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
-            ticket = dq.ticket;  // (a register: the counter add's old value, still in flight)
             tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
     }
-    dq_of_tile(sdS, -1, 0).finish();  // the last sums; a unit they complete is converted
+    Dq{sdS, sK, sdQ, dQaccum}.finish();
     if (gridDim.z == 1) {
+        const float softmax_scale = scale_log2 * FA_LN2;
         frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
         frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
     } else {  // this block's part of the sums over the group (softmax_scale applied by wgmma_bwd_kv_sum)
@@ -692,29 +573,6 @@ __global__ void wgmma_bwd_preprocess(const unsigned short* __restrict__ O, const
     if (r >= rows) return;
     const float delta = bwd::delta_row<D, BF16>(O, dO, r, bwd::delta_vec<D>(O, dO));
     if (threadIdx.x % 32 == 0) Delta[r] = delta;
-}
-
-// wgmma_bwd_ws's first step: wgmma_bwd_preprocess's (Delta, dQaccum = 0), and its `counts` counters of dQ's
-// units zeroed (DqReduce, CONVERT) in the same pass; a row that sees no key (all of a query tile no K/V tile
-// visits, whose dQ no block writes) gets dQ = 0 here.
-template <int D, bool BF16>
-__global__ void wgmma_bwd_ws_preprocess(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
-                                        float* __restrict__ Delta, float* __restrict__ dQaccum,
-                                        unsigned* __restrict__ dQcount, unsigned short* __restrict__ dQ,
-                                        long long rows, long long zeros, long long counts, int Nq, int Nk,
-                                        int window_left, int window_right) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < zeros / 4; e += stride)
-        reinterpret_cast<float4*>(dQaccum)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < counts; e += stride) dQcount[e] = 0u;
-    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (r >= rows) return;
-    const float delta = bwd::delta_row<D, BF16>(O, dO, r, bwd::delta_vec<D>(O, dO));
-    if (threadIdx.x % 32 == 0) Delta[r] = delta;
-    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
-    const int i = (int)(r % Nq);
-    if (mask.kv_end(i + 1) <= mask.kv_begin(i))  // no key: dQ_i = 0
-        for (int c = 2 * (threadIdx.x % 32); c < D; c += 64) *reinterpret_cast<unsigned*>(dQ + r * D + c) = 0u;
 }
 
 // dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
@@ -844,7 +702,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_WS_BWD_PARAMS                                                                               \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
      const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*,   \
-     float*, unsigned short*, unsigned*, int, int, float, int, int, int, float, unsigned, unsigned)
+     float*, int, int, float, int, int, int, float, unsigned, unsigned)
 #define FA_WGMMA_WS_BWD_INST(D, BR, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, BR, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
     template __global__ void wgmma_bwd_ws<D, BR, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
@@ -854,10 +712,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_DQ_STORE_INST(D, BF)                                                                          \
     template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float); \
     template __global__ void wgmma_bwd_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*,   \
-                                                         float*, long long, long long);                         \
-    template __global__ void wgmma_bwd_ws_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*, \
-                                                            float*, unsigned*, unsigned short*, long long,        \
-                                                            long long, long long, int, int, int, int);
+                                                         float*, long long, long long);
 FA_WGMMA_FUSED_INST(64, false)
 FA_WGMMA_FUSED_INST(64, true)
 FA_WGMMA_FUSED_INST(128, false)
