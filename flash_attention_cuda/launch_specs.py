@@ -58,7 +58,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
            "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
            "wgmma_bwd_dq_store",
-           "wgmma_bwd_kv_sum", "ws_backward_splits", "ws_backward_persistent", "WGMMA_WS_BACKWARD_PERSISTENT", "kv_part_shape", "dq_accum_shape",
+           "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward", "BackwardPlan", "backward_plan", "clear_caches",
            "run_seed_nomax"]
 
@@ -566,47 +566,23 @@ def ws_backward_splits(p: Problem) -> int:
     return _cdiv(p.group, per)
 
 
-# wgmma_bwd_ws runs a persistent grid (one block per SM walking the items) for these masks: "band" (a window
-# bounded on both sides, causal local included: every item has about as many Q tiles, and few), "all", or "none".
-# With a mask bounded on one side (causal) the items' work differs and a static walk balances worse than the
-# hardware's block scheduler; with no bound an item is long and its start and end are a small part of it.
-WGMMA_WS_BACKWARD_PERSISTENT = "band"
-
-
-def ws_backward_persistent(p: Problem, ctas: Optional[int]) -> bool:
-    """Whether wgmma_bwd_ws runs persistent (``WGMMA_WS_BACKWARD_PERSISTENT``) on a GPU of ``ctas`` SMs: never
-    with dropout (no such instantiation), nor where there are no more items than SMs."""
-    if not ctas or p.dropout or WGMMA_WS_BACKWARD_PERSISTENT == "none":
-        return False
-    items = _cdiv(p.Nk, 128) * p.B * p.kv_heads * ws_backward_splits(p)
-    band = p.window[0] >= 0 and p.window[1] >= 0
-    return items > ctas and (band or WGMMA_WS_BACKWARD_PERSISTENT == "all")
-
-
 @_cached
-def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None, ctas: Optional[int] = None) -> LaunchSpec:
+def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
     warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
     (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
-    (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Its work items are
-    (tile of keys, K/V head, split), ceil(Nk / 128) * B * Hk * ``ws_backward_splits`` of them (splits > 1: the
-    partial dK, dV go to the float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up); the 1-D
-    grid has a block per item, or ctas blocks (the GPU's SM count) walking them where ``ws_backward_persistent``."""
+    (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
+    float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
     Bc = 128
     Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
     # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ 2 buffers
     # of 64 x D / 2 floats (Br = 128: of 64 x D); sL and sDl STAGES x Br floats each; the mbarriers (kv_full,
-    # kv_empty, q_full and q_empty per stage); + alignment
+    # q_full and q_empty per stage); + alignment
     smem = (2 * Bc + 2 * stages * Br) * p.D * 2 + 2 * Br * Bc * 2 + (Br // 64) * 64 * p.D * 4 \
-        + 2 * stages * Br * 4 + 8 * (2 + 2 * stages) + 1024
-    splits = ws_backward_splits(p)
-    items = _cdiv(p.Nk, Bc) * p.B * p.kv_heads * splits
-    persistent = ws_backward_persistent(p, ctas)
-    flags = ", false, true" if persistent else _dropout_flag(p)
-    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{flags}>",
-                      (min(items, ctas) if persistent else items,), (384,), smem,
-                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"),
-                      _tc_args(p) + (("BHk", np.int32(p.B * p.kv_heads)), ("splits", np.int32(splits))),
+        + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 1024
+    return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
+                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
 
 
@@ -748,10 +724,9 @@ _SCRATCH_ALIGN = 64  # float32 elements (256 bytes) between the scratch buffers'
 
 @_cached
 def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: tuple, window: tuple, scale: float,
-                  dropout: tuple = (0.0, None), config: Optional[tuple] = None,
-                  sms: Optional[int] = None) -> BackwardPlan:
+                  dropout: tuple = (0.0, None), config: Optional[tuple] = None) -> BackwardPlan:
     """The :class:`BackwardPlan` of a backward call on checked inputs (q of ``q_shape``, k and v of ``k_shape``,
-    ``dtype``, on a GPU of compute capability ``cc`` and ``sms`` SMs), cached: a training loop builds it once."""
+    ``dtype``, on a GPU of compute capability ``cc``), cached: a training loop builds it once."""
     if kernel == "auto":
         kernel = auto_backward(dtype, q_shape[-1], cc)
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
@@ -770,7 +745,7 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
     _check_variants(kernel, p, "run_backward")
     if kernel in ("wgmma-fused", "wgmma-ws"):  # Delta and dQaccum = 0, one kernel for dK, dV and (float32,
         # atomically) dQ, then dQ
-        one = wgmma_bwd_ws(p, config, sms) if kernel == "wgmma-ws" else wgmma_bwd_fused(p)
+        one = wgmma_bwd_ws(p, config) if kernel == "wgmma-ws" else wgmma_bwd_fused(p)
         specs = (wgmma_bwd_preprocess(p), one, wgmma_bwd_dq_store(p))
         sizes = [("dQaccum", math.prod(dq_accum_shape(p))), ("Delta", B * H * Nq)]
         if kernel == "wgmma-ws" and ws_backward_splits(p) > 1:  # split query heads: partial dK, dV, then their sum
@@ -806,7 +781,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     What to launch is :func:`backward_plan`'s, once per distinct call; a call allocates dQ, dK, dV and one float32
     scratch buffer, and launches."""
     plan = backward_plan(kernel, dtype_name(q), tuple(q.shape), tuple(k.shape), runtime.device_cc(q),
-                         tuple(window), float(scale), tuple(dropout), config, runtime.device_sms(q))
+                         tuple(window), float(scale), tuple(dropout), config)
     if plan.pad_to is not None:
         D = q.shape[-1]
         q, k, v, o, do = (runtime.pad_last(x, plan.pad_to) for x in (q, k, v, o, do))

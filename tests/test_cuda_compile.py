@@ -93,7 +93,7 @@ def test_launcher_configs_are_instantiated_for_nvcc():
                  for flags in ("", ", true", ", false, true", ", true, true")}
               | {f"wgmma_bwd_ws<{D}, {br}, {st}, {bf}{flags}>"
                  for D, (br, st) in list(launch_specs.WGMMA_WS_BACKWARD_CONFIGS.items()) + [(64, (64, 2))]
-                 for bf in ("false", "true") for flags in ("", ", true", ", false, true")}
+                 for bf in ("false", "true") for flags in ("", ", true")}
               | {f"wgmma_bwd_dq_store<{D}, 2, {bf}>" for D in (64, 128) for bf in ("false", "true")}
               | {f"wgmma_bwd_kv_sum<{bf}>" for bf in ("false", "true")},
               "backward.cu": {"bwd_dkdv<32, 32>", "bwd_dkdv<64, 32>", "bwd_dkdv<128, 16>",

@@ -364,7 +364,7 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
     blocks, none empty; then wgmma_bwd_kv_sum adds the float32 parts up."""
     P = launch_specs.Problem
     mqa = P(4, 32, 4096, 4096, 128, "float16", 0.1, CAUSAL, 1)  # 32 x 4 = 128 blocks of keys: 4 splits of 8 heads
-    assert launch_specs.ws_backward_splits(mqa) == 4 and launch_specs.wgmma_bwd_ws(mqa).grid == (32 * 4 * 4,)
+    assert launch_specs.ws_backward_splits(mqa) == 4 and launch_specs.wgmma_bwd_ws(mqa).grid == (32, 4, 4)
     assert launch_specs.ws_backward_splits(mqa._replace(Hk=8)) == 1  # 1024 blocks
     assert launch_specs.ws_backward_splits(mqa._replace(H=8, Hk=8)) == 1  # no group
     assert launch_specs.ws_backward_splits(P(1, 6, 70, 70, 64, "float16", 0.1, CAUSAL, 2)) == 3  # one head each
@@ -378,7 +378,7 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
     grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, "wgmma-ws")
     assert [c[0].name.split("<")[0] for c in recorded_launches] == [
         "wgmma_bwd_preprocess", "wgmma_bwd_ws", "wgmma_bwd_dq_store", "wgmma_bwd_kv_sum"]
-    assert recorded_launches[1][1] == (4,)  # the grid: 4 items (blocks), one query head each
+    assert recorded_launches[1][1] == (1, 1, 4)  # the grid: 4 blocks, one query head each
     for c in recorded_launches:
         _check_call(c, dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=grads[0], dk=grads[1], dv=grads[2]))
 

@@ -256,54 +256,6 @@ def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, mo
 
 
 @gpu
-@pytest.mark.parametrize("D,dtype", [(64, "bfloat16"), (128, "float16")])
-@pytest.mark.parametrize("causal,window,Hk,Nq,Nk", [
-    (False, (40, 30), 4, 300, 420),    # a band: the library's persistent case; K tiles past 330 see no query
-    (True, (100, -1), 4, 257, 257),    # causal local
-    (True, (-1, -1), 2, 300, 300),     # causal, the group of 2 query heads split over items
-    (False, (-1, -1), 1, 130, 1000),   # MQA: 4 query heads on one K/V head, split
-])
-@pytest.mark.parametrize("kernel", [WGMMA_WS])
-def test_ws_backward_persistent_walk(kernel, D, dtype, causal, window, Hk, Nq, Nk, monkeypatch):
-    """wgmma_bwd_ws with a persistent grid (every mask forced to it) of 3 blocks, each walking many items, against
-    the float64 gradients: the K/V tiles reloaded between items, the Q ring and the dS buffers carried over, items
-    whose keys no query sees (dK = dV = 0), and the split group's float32 parts."""
-    monkeypatch.setattr(launch_specs, "WGMMA_WS_BACKWARD_PERSISTENT", "all")
-    monkeypatch.setattr(runtime, "device_sms", lambda x: 3)
-    launch_specs.clear_caches()
-    try:
-        q, k, v, do = _qkv(2, 4, Hk, Nq, Nk, D, dtype)
-        kw = _kw(causal, window, 0.0, 0)
-        p = launch_specs._problem(q, k, 0.125, window)
-        spec = launch_specs.wgmma_bwd_ws(p, None, 3)
-        assert spec.grid == (3,) and spec.name.endswith(", false, true>"), spec
-        o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, **kw)
-        grads = flash_attn_cuda_backward(q, k, v, o, lse, do, kernel=kernel, **kw)
-        ref = attention_reference_grads(q, k, v, do, **kw)
-        qn, kn, vn = (x.clone().requires_grad_(True) for x in (q, k, v))
-        attention_naive(qn, kn, vn, **kw).backward(do)
-        for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, (qn.grad, kn.grad, vn.grad)):
-            _check(name, g, r, n, FLOOR[dtype] * Nk ** 0.5)
-    finally:
-        launch_specs.clear_caches()
-
-
-def test_ws_backward_persistent_policy():
-    """The library's grid for wgmma_bwd_ws: persistent (one block per SM) for a window bounded on both sides with
-    more items than SMs, a block per item otherwise (causal, full, dropout, few items)."""
-    P = launch_specs.Problem
-    band = P(4, 16, 4096, 4096, 128, "float16", 0.1, (512, 0))
-    assert launch_specs.ws_backward_persistent(band, 132)
-    spec = launch_specs.wgmma_bwd_ws(band, None, 132)
-    assert spec.grid == (132,) and spec.name == "wgmma_bwd_ws<128, 64, 2, false, false, true>"
-    assert launch_specs.wgmma_bwd_ws(band).grid == (32 * 64,)  # no SM count: a block per item
-    for p in (band._replace(window=CAUSAL), band._replace(window=(-1, -1)), band._replace(window=(512, -1)),
-              band._replace(dropout_p=0.1, dropout_seed=1), band._replace(B=1, H=4, Nq=1024, Nk=1024)):
-        assert not launch_specs.ws_backward_persistent(p, 132), p
-        assert launch_specs.wgmma_bwd_ws(p, None, 132).grid == (launch_specs._cdiv(p.Nk, 128) * p.B * p.H,)
-
-
-@gpu
 @pytest.mark.parametrize("kernel", ["mma", WGMMA])
 def test_dropout_mask_is_philox_keep_mask(kernel):
     """v = identity (Nk = D = 64): O = P * Z / (1 - p), so O's zeros are exactly the dropped weights, and they

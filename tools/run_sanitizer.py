@@ -8,8 +8,8 @@ its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled
 Hopper, wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
 D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
 heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
-walking every work item; the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
-left bound alone), and persistent, two blocks walking every item. --head-dims keeps only the cases of those head
+walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
+left bound alone). --head-dims keeps only the cases of those head
 dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 """
 from __future__ import annotations
@@ -140,26 +140,6 @@ def inner(head_dims=None) -> int:
                 n += 4
         finally:
             launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = saved
-            launch_specs.clear_caches()
-    # wgmma_bwd_ws persistent: two blocks walking every item (the K/V tiles reloaded between items, items whose keys
-    # no query sees, the group split over items), every mask forced to the persistent grid
-    if hopper and (not head_dims or head_dims & {64, 128}):
-        from flash_attention_cuda import launch_specs, runtime
-
-        sms, saved = runtime.device_sms, launch_specs.WGMMA_WS_BACKWARD_PERSISTENT
-        runtime.device_sms, launch_specs.WGMMA_WS_BACKWARD_PERSISTENT = (lambda x: 2), "all"
-        launch_specs.clear_caches()
-        try:
-            for D in (d for d in (64, 128) if not head_dims or d in head_dims):
-                for causal, window in ((False, (30, 20)), (True, (-1, -1))):
-                    q = torch.randn(2, 4, 150, D, device="cuda", dtype=torch.float16)
-                    k, v = (torch.randn(2, 2, 300, D, device="cuda", dtype=torch.float16) for _ in range(2))
-                    o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, causal=causal, window_size=window)
-                    flash_attn_cuda_backward(q, k, v, o, lse, torch.randn_like(o), kernel="wgmma-ws", causal=causal,
-                                             window_size=window)
-                    n += 4
-        finally:
-            runtime.device_sms, launch_specs.WGMMA_WS_BACKWARD_PERSISTENT = sms, saved
             launch_specs.clear_caches()
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")

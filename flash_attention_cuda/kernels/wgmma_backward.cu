@@ -395,30 +395,24 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // (DqReduce) and compute dS before issuing dV's product (tile_pair's DV_BEFORE_DS), for registers.
 // Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of Br rows, k and v as (B Hk, Nk, D)
 // with boxes of 128 rows; rows past Nq or Nk come in as zeros.
-// Work items: (tile of Bc keys, K/V head, split), n_items = ceil(Nk / Bc) B Hk splits. With few K/V heads (MQA:
-// one) there are too few blocks of keys for the SMs, so the group's query heads may be split over `splits` items,
-// each taking ceil(group / splits) of them; each item then writes its partial dK_j, dV_j in float32 to dKVpart
-// (2, splits, B Hk, Nk, D) and wgmma_bwd_kv_sum adds the parts up (in a fixed order: dK and dV stay bitwise
-// reproducible). splits = 1: dK, dV are written directly and dKVpart is not touched.
-// The grid is 1-D: one block per item, or (launch_specs.wgmma_bwd_ws, with a window bounded on both sides, where
-// every item has about as many Q tiles and they are few) a PERSISTENT grid of one block per SM, block b taking
-// items b, b + G, b + 2G, ... (G = gridDim.x). A short item spends a good part of its time starting (K_j, V_j and
-// the first Q_i land before the first product) and ending (dK_j, dV_j written, the last dQ sums waited for); in a
-// persistent block the producer loads the next item's first Q tile while the consumers finish this item's last, and
-// its K_j, V_j as soon as they are done with them (mbarrier kv_empty), while they write dK_j, dV_j.
+// Grid (ceil(Nk / Bc), B Hk, splits). With few K/V heads (MQA: one) there are too few blocks of keys for the
+// SMs, so the group's query heads may be split over gridDim.z = splits blocks, each taking ceil(group / splits)
+// of them; each block then writes its partial dK_j, dV_j in float32 to dKVpart (2, splits, B Hk, Nk, D) and
+// wgmma_bwd_kv_sum adds the parts up (in a fixed order: dK and dV stay bitwise reproducible). splits = 1: dK,
+// dV are written directly and dKVpart is not touched.
 // The loop over the group's query heads is compiled in always (group = 1 without GQA): without it, ptxas spills
 // at D = 128 under the consumers' 240 registers, and the kernel is 8 % slower (H100). STAGES = 3 measured the
 // same as 2 (H100, D 64 and 128), and so did handing the dQ sums to a second producer warp (as FlashAttention-3
 // does), and, at D = 64, each warpgroup computing all of dQ_i over its own 64 keys (no barrier between the
 // warpgroups, twice the sums): the consumers' own bulk reduce-add of half of dQ_i each stays.
-template <int D, int Br, int STAGES, bool BF16, bool DROPOUT = false, bool PERSISTENT = false>
+template <int D, int Br, int STAGES, bool BF16, bool DROPOUT = false>
 __global__ void __launch_bounds__(384, 1)
     wgmma_bwd_ws(const __grid_constant__ tma::TmaMap tmQ, const __grid_constant__ tma::TmaMap tmK,
                  const __grid_constant__ tma::TmaMap tmV, const __grid_constant__ tma::TmaMap tmdO,
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
                  unsigned short* __restrict__ dV, float* __restrict__ dQaccum, float* __restrict__ dKVpart, int Nq,
                  int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
-                 unsigned seed_lo, unsigned seed_hi, int BHk, int splits) {
+                 unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
     static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)),
                   "D in {64, 128}; Br 64 (or 128 at D = 64)");
@@ -428,8 +422,8 @@ __global__ void __launch_bounds__(384, 1)
     constexpr unsigned DQ_BYTES = NWG * Dq::BUF_BYTES;  // the consumers' buffers of dQ sums
     extern __shared__ __align__(128) unsigned char smem_raw[];
     unsigned char* smem;
-    const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays for an item
-    const unsigned sV = sK + KV_BYTES;                   // (Bc, D): stays for an item
+    const unsigned sK = aligned_smem(smem_raw, smem);  // (Bc, D): stays
+    const unsigned sV = sK + KV_BYTES;                   // (Bc, D): stays
     const unsigned sQ = sV + KV_BYTES;                   // STAGES x (Br, D): streamed
     const unsigned sdO = sQ + STAGES * Q_BYTES;          // STAGES x (Br, D): streamed
     const unsigned sdS = sdO + STAGES * Q_BYTES;         // 2 x (Br, Bc): dS_ij
@@ -439,39 +433,32 @@ __global__ void __launch_bounds__(384, 1)
     float* sDl = sL + STAGES * Br;                          // STAGES x Br: Delta
     const unsigned bars = sK + ROWS_OFF + 2 * STAGES * Br * 4;  // the mbarriers, 8 bytes each:
     const unsigned kv_full = bars;                                                   //   K_j, V_j landed
-    const unsigned kv_empty = bars + 8;                                              //   ... and read by all
-    auto q_full = [&](int u) { return bars + 8 * (2 + u % STAGES); };               //   Q tile u's slot filled
-    auto q_empty = [&](int u) { return bars + 8 * (2 + STAGES + u % STAGES); };     //   ... and read by all
+    auto q_full = [&](int u) { return bars + 8 * (1 + u % STAGES); };               //   Q tile u's slot filled
+    auto q_empty = [&](int u) { return bars + 8 * (1 + STAGES + u % STAGES); };     //   ... and read by all
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int tid = threadIdx.x, wg = tid / 128;
-    // Item L's (tile of keys, K/V head, split). In launch order (the tile fastest) a head's tiles run together and
-    // share the Q_i, dO_i they stream in L2. Where the tiles' work differs (a mask bounded on one side: causal)
-    // and an item loops over several query heads (GQA), a late head's heaviest tiles would start in the last wave
-    // and run on alone: the items then go tile-major instead (the tile slowest), every head's heaviest tile first
-    // and the lightest last. H100, B2 Hq32 Hk8 N4096 D128 causal: 1.82 against 2.04 ms; for one query head an item
-    // (no GQA) tile-major measured 5-10 % slower: L2 (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
-    const int n_kt = (Nk + Bc - 1) / Bc, per = (group + splits - 1) / splits;  // tiles of keys; query heads an item
-    const unsigned HZ = (unsigned)BHk * splits, n_items = n_kt * HZ;
+    // The block's (tile of keys, K/V head, split). In grid order (x, the tile, fastest) a head's tiles run
+    // together and share the Q_i, dO_i they stream in L2. Where the tiles' work differs (a mask bounded on one
+    // side: causal) and a block loops over several query heads (GQA), a late head's heaviest tiles would start
+    // in the last wave and run on alone: the blocks then start tile-major instead (L, the launch order, with the
+    // tile slowest), every head's heaviest tile first and the lightest last. H100, B2 Hq32 Hk8 N4096 D128 causal:
+    // 1.82 against 2.04 ms; for one query head a block (no GQA) tile-major measured 5-10 % slower: L2
+    // (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
+    const int per = (group + gridDim.z - 1) / gridDim.z;  // query heads per block of the split
     const bool tile_major = per > 1 && (mask.right >= 0) != (mask.left >= 0);
-    struct Item {
-        int k0, bz, g0, g1;       // its first key, split, and query heads bkv * group + [g0, g1)
-        long long bkv;            // the K/V head: b * Hk + hk
-        bwd::TileSpan tiles;      // the Q tiles that see its keys, the same for every query head
-    };
-    const auto item = [&](unsigned L) {
-        const unsigned hz = tile_major ? L % HZ : L / n_kt;  // (head, split), the head fastest
-        const int kt = !tile_major ? (int)(L % n_kt) : (mask.keys_heavy_last() ? n_kt - 1 - (int)(L / HZ) : (int)(L / HZ));
-        Item it;
-        it.k0 = kt * Bc, it.bz = (int)(hz / BHk), it.bkv = hz % BHk;
-        it.g0 = it.bz * per, it.g1 = min(group, it.g0 + per);
-        it.tiles = bwd::q_tiles(mask, it.k0, it.k0 + Bc, Br);
-        return it;
-    };
+    const unsigned HZ = gridDim.y * gridDim.z, L = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned hz = tile_major ? L % HZ : blockIdx.y + gridDim.y * blockIdx.z;  // (head, split), y fastest
+    const int kt = !tile_major ? (int)blockIdx.x
+                               : (mask.keys_heavy_last() ? (int)(gridDim.x - 1 - L / HZ) : (int)(L / HZ));
+    const int k0 = kt * Bc, bz = (int)(hz / gridDim.y);  // the block's first key, its split of the group
+    const long long bkv = hz % gridDim.y;                  // the K/V head: b * Hk + hk
+    const int g0 = bz * per, g1 = min(group, g0 + per);  // this block's: bkv * group + [g0, g1)
+    const long long bh0 = bkv * group;             // the group's first query head (group 1: bkv)
+    const bwd::TileSpan tiles = bwd::q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
 
     if (tid == 0) {
         tma::mbar_init(kv_full, 1);
-        tma::mbar_init(kv_empty, NWG * 128);  // every consumer thread, after its item's last products
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(q_full(s), 32);      // the producer warp's lanes (lane 0 with the bytes)
             tma::mbar_init(q_empty(s), NWG * 128);  // every consumer thread (each releases its own reads)
@@ -485,37 +472,29 @@ __global__ void __launch_bounds__(384, 1)
         // the block holds 384 x 168 registers; the producer's 128 x (168 - 24) are what the consumers' 256 x
         // (240 - 168) take (setmaxnreg.inc waits until the registers it asks for are free)
         tma::regs_dec<24>();
-        if (tid >= 32) return;  // one warp works
+        if (tid >= 32 || tiles.count == 0) return;  // one warp works
         const int lane = tid;
-        if (lane == 0) tma::prefetch_map(tmQ), tma::prefetch_map(tmK), tma::prefetch_map(tmV), tma::prefetch_map(tmdO);
-        int u = 0, n_kv = 0;  // Q tiles and K/V tiles loaded so far, over the block's items
-        for (unsigned L = blockIdx.x; L < n_items; L += gridDim.x) {
-            const Item it = item(L);
-            for (int g = it.g0, t0 = 0; g < it.g1; ++g)
-                for (int t = 0; t < it.tiles.count; ++t, ++u, ++t0) {
-                    const int slot = u % STAGES, i0 = (it.tiles.first + t) * Br;
-                    const long long bh = it.bkv * group + g;
-                    if (u >= STAGES) tma::mbar_wait(q_empty(u), (u / STAGES - 1) & 1);  // read by every warp
-                    for (int r = lane; r < Br; r += 32)
-                        bwd::query_row(sL[slot * Br + r], sDl[slot * Br + r], LSE + bh * Nq, Delta + bh * Nq, i0 + r, Nq);
-                    if (lane == 0) {
-                        tma::mbar_arrive_expect_tx(q_full(u), 2 * Q_BYTES);
-                        tma::load_tile<Br, D>(sQ + slot * Q_BYTES, tmQ, i0, (int)bh, q_full(u));
-                        tma::load_tile<Br, D>(sdO + slot * Q_BYTES, tmdO, i0, (int)bh, q_full(u));
-                    } else {
-                        tma::mbar_arrive(q_full(u));
-                    }
-                    if (t0 == 0 && lane == 0) {  // after the item's first Q tile: its K_j, V_j, once the last
-                        // item's are read by every consumer
-                        if (n_kv > 0) tma::mbar_wait(kv_empty, (n_kv - 1) & 1);
-                        tma::mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
-                        tma::load_tile<Bc, D>(sK, tmK, it.k0, (int)it.bkv, kv_full);
-                        tma::load_tile<Bc, D>(sV, tmV, it.k0, (int)it.bkv, kv_full);
-                    }
-                }
-            n_kv += it.tiles.count > 0;
-            if (!PERSISTENT) break;  // one item a block: nothing carried over (fewer registers)
+        if (lane == 0) {
+            tma::prefetch_map(tmQ), tma::prefetch_map(tmK), tma::prefetch_map(tmV), tma::prefetch_map(tmdO);
+            tma::mbar_arrive_expect_tx(kv_full, 2 * KV_BYTES);
+            tma::load_tile<Bc, D>(sK, tmK, k0, (int)bkv, kv_full);
+            tma::load_tile<Bc, D>(sV, tmV, k0, (int)bkv, kv_full);
         }
+        for (int g = g0, u = 0; g < g1; ++g)
+            for (int t = 0; t < tiles.count; ++t, ++u) {
+                const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
+                const long long bh = bh0 + g;
+                if (u >= STAGES) tma::mbar_wait(q_empty(u), (u / STAGES - 1) & 1);  // read by every warp
+                for (int r = lane; r < Br; r += 32)
+                    bwd::query_row(sL[slot * Br + r], sDl[slot * Br + r], LSE + bh * Nq, Delta + bh * Nq, i0 + r, Nq);
+                if (lane == 0) {
+                    tma::mbar_arrive_expect_tx(q_full(u), 2 * Q_BYTES);
+                    tma::load_tile<Br, D>(sQ + slot * Q_BYTES, tmQ, i0, (int)bh, q_full(u));
+                    tma::load_tile<Br, D>(sdO + slot * Q_BYTES, tmdO, i0, (int)bh, q_full(u));
+                } else {
+                    tma::mbar_arrive(q_full(u));
+                }
+            }
         return;
     }
     // ---------------------------------------------------------------------- consumers
@@ -526,49 +505,39 @@ __global__ void __launch_bounds__(384, 1)
     const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
     float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
-    int u = 0, n_kv = 0;  // as the producer counts them
-    for (unsigned L = blockIdx.x; L < n_items; L += gridDim.x) {
-        const Item it = item(L);
-        zero(dk);
-        zero(dv);
-        zero(s);  // (s and dp hold nothing from one item to the next: zeroed here, they are dead in between)
-        zero(dp);
-        if (it.tiles.count > 0) tma::mbar_wait(kv_full, n_kv & 1);
-        for (int g = it.g0; g < it.g1; ++g) {
-            const long long bh = it.bkv * group + g;
-            const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
-            float* dq_head = dQaccum + bh * q_blocks * 64 * D;
-            for (int t = 0; t < it.tiles.count; ++t, ++u) {
-                const int slot = u % STAGES, i0 = (it.tiles.first + t) * Br;
-                const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
-                tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
-                const Dq dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D, Nq - i0};
-                // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
-                tile_pair<true, DROPOUT, D, Bc, Br, BF16, Dq, D / 2, Br == 64>(s, dp, sK_wg, qb, sV_wg, db,
-                                                         dv, db,  // dV_j += P_ij^T dO_i
-                                                         dk, qb,  // dK_j += dS_ij^T Q_i
-                                                         sL + slot * Br, sDl + slot * Br, scale_log2, mask,
-                                                         it.k0 + wkey, i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
-                tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
-            }
+    zero(dk);
+    zero(dv);
+    zero(s);
+    zero(dp);
+    if (tiles.count > 0) tma::mbar_wait(kv_full, 0);
+    for (int g = g0, u = 0; g < g1; ++g) {
+        const long long bh = bh0 + g;
+        const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
+        float* dq_head = dQaccum + bh * q_blocks * 64 * D;
+        for (int t = 0; t < tiles.count; ++t, ++u) {
+            const int slot = u % STAGES, i0 = (tiles.first + t) * Br;
+            const unsigned qb = sQ + slot * Q_BYTES, db = sdO + slot * Q_BYTES;
+            tma::mbar_wait(q_full(u), (u / STAGES) & 1);  // Q_i, dO_i, lse, Delta have landed
+            const Dq dq{sdS + (u & 1) * DS_BYTES, sK, sdQ, dq_head + (long long)i0 * D, Nq - i0};
+            // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
+            tile_pair<true, DROPOUT, D, Bc, Br, BF16, Dq, D / 2, Br == 64>(s, dp, sK_wg, qb, sV_wg, db,
+                                                     dv, db,  // dV_j += P_ij^T dO_i
+                                                     dk, qb,  // dK_j += dS_ij^T Q_i
+                                                     sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
+                                                     i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
+            tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
-        if (it.tiles.count > 0) {  // every product that reads K_j, V_j has finished: the next item's may load
-            tma::mbar_arrive(kv_empty);
-            ++n_kv;
-        }
-        const Item e = item(L);  // worked out again: no registers held for it through the loop above
-        if (splits == 1) {
-            const float softmax_scale = scale_log2 * FA_LN2;
-            frag::store_rows<D, BF16>(dK + e.bkv * Nk * D, frags(dk), e.k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
-            frag::store_rows<D, BF16>(dV + e.bkv * Nk * D, frags(dv), e.k0 + wkey, Nk, 1.0f);
-        } else {  // this item's part of the sums over the group (softmax_scale applied by wgmma_bwd_kv_sum)
-            const long long part = (long long)BHk * Nk * D;
-            frag::store_rows_f32<D>(dKVpart + e.bz * part + e.bkv * Nk * D, frags(dk), e.k0 + wkey, Nk);
-            frag::store_rows_f32<D>(dKVpart + (splits + e.bz) * part + e.bkv * Nk * D, frags(dv), e.k0 + wkey, Nk);
-        }
-        if (!PERSISTENT) break;
     }
     Dq{sdS, sK, sdQ, dQaccum}.finish();
+    if (gridDim.z == 1) {
+        const float softmax_scale = scale_log2 * FA_LN2;
+        frag::store_rows<D, BF16>(dK + bkv * Nk * D, frags(dk), k0 + wkey, Nk, softmax_scale);  // dK_j = scale dS^T Q
+        frag::store_rows<D, BF16>(dV + bkv * Nk * D, frags(dv), k0 + wkey, Nk, 1.0f);
+    } else {  // this block's part of the sums over the group (softmax_scale applied by wgmma_bwd_kv_sum)
+        const long long part = (long long)gridDim.y * Nk * D;
+        frag::store_rows_f32<D>(dKVpart + bz * part + bkv * Nk * D, frags(dk), k0 + wkey, Nk);
+        frag::store_rows_f32<D>(dKVpart + (gridDim.z + bz) * part + bkv * Nk * D, frags(dv), k0 + wkey, Nk);
+    }
 }
 
 // dK = softmax_scale * (sum of the splits' parts), dV = (sum of theirs) in 16 bits, from wgmma_bwd_ws's dKVpart
@@ -733,11 +702,10 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_WS_BWD_PARAMS                                                                               \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
      const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*,   \
-     float*, int, int, float, int, int, int, float, unsigned, unsigned, int, int)
+     float*, int, int, float, int, int, int, float, unsigned, unsigned)
 #define FA_WGMMA_WS_BWD_INST(D, BR, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, BR, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
-    template __global__ void wgmma_bwd_ws<D, BR, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS; \
-    template __global__ void wgmma_bwd_ws<D, BR, ST, BF, false, true> FA_WGMMA_WS_BWD_PARAMS;
+    template __global__ void wgmma_bwd_ws<D, BR, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
 #define FA_WGMMA_KV_SUM_INST(BF)                                                                              \
     template __global__ void wgmma_bwd_kv_sum<BF>(const float*, unsigned short*, unsigned short*, int, long long, \
                                                   float);
