@@ -103,21 +103,42 @@ __device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, 
 // DROPOUT: P_ij comes back as P_ij o Z_ij / (1 - p) (what dV needs), and dS_ij = P_ij o (dP_ij o Z_ij / (1 - p)
 // - Delta_i), Z_ij drawn from `drop` (whose query head is the tile's).
 
+// The pairs a thread's two rows of a warp's block see, as a range of the block's columns (acc_col): row h
+// (acc_row(2h)) sees the columns c with lo[h] <= c < lo[h] + width[h], one unsigned compare a pair,
+// (unsigned)(c - lo) < width, instead of visible()'s five. KEY_ROWS (rows are keys j, columns queries): the queries
+// [q_begin(j), q_end(j + 1)), none for j >= Nk; else (rows are queries i, columns keys): the keys
+// [kv_begin(i), kv_end(i + 1)), none for i >= Nq. Exactly the pairs visible() allows (masks.cuh).
+template <bool KEY_ROWS>
+__device__ __forceinline__ frag::RowKeys visible_cols(const fa::Mask& mask, int row0, int col0) {
+    frag::RowKeys rk;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + acc_row(2 * h);
+        const int lo = KEY_ROWS ? mask.q_begin(r) : mask.kv_begin(r);
+        const int hi = KEY_ROWS ? (r < mask.Nk ? mask.q_end(r + 1) : lo) : (r < mask.Nq ? mask.kv_end(r + 1) : lo);
+        rk.lo[h] = lo - col0;
+        rk.width[h] = hi > lo ? hi - lo : 0;
+    }
+    return rk;
+}
+__device__ __forceinline__ bool hidden_col(const frag::RowKeys& rk, int n, int e) {
+    return (unsigned)(acc_col(n, e) - rk.lo[e >> 1]) >= rk.width[e >> 1];
+}
+
 // every pair of the block that the mask hides -> 0, in x and (ZERO_Y) y: the second pass of a block that needs
 // the mask, after the arithmetic has run on every pair
 template <bool KEY_ROWS, bool ZERO_Y, int NT>
 __device__ __forceinline__ void zero_hidden(float (&x)[NT][4], float (&y)[NT][4], const fa::Mask& mask, int row0,
                                             int col0) {
+    const frag::RowKeys rk = visible_cols<KEY_ROWS>(mask, row0, col0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e);
-            if (!(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c))) {
+        for (int e = 0; e < 4; ++e)
+            if (hidden_col(rk, n, e)) {
                 x[n][e] = 0.0f;
                 if constexpr (ZERO_Y) y[n][e] = 0.0f;
             }
-        }
 }
 
 // The same step in two halves, for a kernel that overlaps them with its matrix products (no dropout):
