@@ -382,10 +382,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 //                                waits only for a slot to be empty (q_empty) and completes q_full with its 32
 //                                arrivals and the copy engine's bytes. 24 registers (setmaxnreg.dec).
 //   warpgroups 1, 2, the CONSUMERS   64 keys each, 240 registers; per tile: wait q_full, tile_pair (the five
-//                                products, DqReduce's stores of dS and the bulk sum of dQ), then each warp
-//                                arrives on q_empty once, after a __syncwarp (the producer's lanes write lse and
-//                                Delta with ordinary stores: the warp's reads of them are ordered before its
-//                                lane 0's arrival, which releases them).
+//                                products, DqReduce's stores of dS and the bulk sum of dQ), then every thread
+//                                arrives on q_empty (the producer's lanes write lse and Delta with ordinary
+//                                stores, so each thread that read them releases its own reads).
 //
 // The two consumer warpgroups still meet once per tile, at DqReduce's barrier before dQ_i's product (each needs
 // the other's 64 columns of dS_ij), and nowhere else: dS_ij alternates between two buffers, so a warpgroup
@@ -462,7 +461,7 @@ __global__ void __launch_bounds__(384, 1)
         tma::mbar_init(kv_full, 1);
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(q_full(s), 32);      // the producer warp's lanes (lane 0 with the bytes)
-            tma::mbar_init(q_empty(s), NWG * 4);  // every consumer warp (lane 0, for the warp's reads)
+            tma::mbar_init(q_empty(s), NWG * 128);  // every consumer thread (each releases its own reads)
         }
         tma::fence_barrier_init();
     }
@@ -526,8 +525,7 @@ __global__ void __launch_bounds__(384, 1)
                                                      dk, qb,  // dK_j += dS_ij^T Q_i
                                                      sL + slot * Br, sDl + slot * Br, scale_log2, mask, k0 + wkey,
                                                      i0, drop, dq);  // dQ_i += dS_ij K_j (the copy engine's sums)
-            __syncwarp();  // the warp is done with the slot (its products, its reads of lse and Delta) ...
-            if (tid % 32 == 0) tma::mbar_arrive(q_empty(u));  // ... and its lane 0 says so, for all 32
+            tma::mbar_arrive(q_empty(u));  // this thread is done with the slot (its reads of lse and Delta too)
         }
     }
     Dq{sdS, sK, sdQ, dQaccum}.finish();
