@@ -83,6 +83,10 @@ int main() {
                     m.kv_tile_end(q0, q1, Bc));
         for (int i = q0; i < q1; ++i)
             for (int j = k0; j < k1; ++j) std::printf("%d", (int)m.visible(i, j));
+        std::printf(" |");  // each row's run, two rows past the block (and past Nq or Nk) included
+        for (int i = q0; i < q1 + 2; ++i) std::printf(" %d %d", m.keys_of(i).first, m.keys_of(i).end);
+        std::printf(" |");
+        for (int j = k0; j < k1 + 2; ++j) std::printf(" %d %d", m.queries_of(j).first, m.queries_of(j).end);
         std::printf("\n");
     }
     return 0;
@@ -107,8 +111,18 @@ def test_cuda_mask_header_matches_masks_py(tmp_path):
     assert len(out) == len(cases)
     for (Nq, Nk, window, q0, q1, k0, k1, Bc), line in zip(cases, out):
         case = f"seed={seed} Nq={Nq} Nk={Nk} window={window} rows [{q0}, {q1}) keys [{k0}, {k1}) Bc={Bc}: {line}"
-        *ints, bits = line.split()
+        head, keys_of, queries_of = line.split(" |")
+        *ints, bits = head.split()
         kv_begin, kv_end, q_begin, q_end, full, needs_mask, tile_begin, tile_end = map(int, ints)
+        # Mask::keys_of(i), Mask::queries_of(j): a row's run is exactly the keys (queries) visible() lets it see
+        runs = np.array(keys_of.split(), dtype=int).reshape(-1, 2)
+        for i, (first, end) in zip(range(q0, q1 + 2), runs):
+            seen = np.flatnonzero(masks.visible(np.array([i]), np.arange(Nk), Nq, Nk, window)[0])
+            assert list(seen) == list(range(first, max(first, end))), f"{case}: keys_of({i}) = [{first}, {end})"
+        runs = np.array(queries_of.split(), dtype=int).reshape(-1, 2)
+        for j, (first, end) in zip(range(k0, k1 + 2), runs):
+            seen = np.flatnonzero(masks.visible(np.arange(Nq), np.array([j]), Nq, Nk, window)[:, 0])
+            assert list(seen) == list(range(first, max(first, end))), f"{case}: queries_of({j}) = [{first}, {end})"
         kv, qr = masks.kv_range(q0, q1, Nq, Nk, window), masks.q_range(k0, k1, Nq, Nk, window)
         assert (kv_begin, max(kv_begin, kv_end)) == kv or (kv[0] == kv[1] and kv_end <= kv_begin), case
         assert (q_begin, max(q_begin, q_end)) == qr or (qr[0] == qr[1] and q_end <= q_begin), case

@@ -106,18 +106,17 @@ __device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, 
 // The pairs a thread's two rows of a warp's block see, as a range of the block's columns (acc_col): row h
 // (acc_row(2h)) sees the columns c with lo[h] <= c < lo[h] + width[h], one unsigned compare a pair,
 // (unsigned)(c - lo) < width, instead of visible()'s five. KEY_ROWS (rows are keys j, columns queries): the queries
-// [q_begin(j), q_end(j + 1)), none for j >= Nk; else (rows are queries i, columns keys): the keys
-// [kv_begin(i), kv_end(i + 1)), none for i >= Nq. Exactly the pairs visible() allows (masks.cuh).
+// mask.queries_of(j); else (rows are queries i, columns keys): the keys mask.keys_of(i). Exactly the pairs
+// visible() allows (masks.cuh).
 template <bool KEY_ROWS>
 __device__ __forceinline__ frag::RowKeys visible_cols(const fa::Mask& mask, int row0, int col0) {
     frag::RowKeys rk;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + acc_row(2 * h);
-        const int lo = KEY_ROWS ? mask.q_begin(r) : mask.kv_begin(r);
-        const int hi = KEY_ROWS ? (r < mask.Nk ? mask.q_end(r + 1) : lo) : (r < mask.Nq ? mask.kv_end(r + 1) : lo);
-        rk.lo[h] = lo - col0;
-        rk.width[h] = hi > lo ? hi - lo : 0;
+        const fa::Span run = KEY_ROWS ? mask.queries_of(r) : mask.keys_of(r);
+        rk.lo[h] = run.first - col0;
+        rk.width[h] = run.end > run.first ? run.end - run.first : 0;
     }
     return rk;
 }

@@ -20,6 +20,7 @@
 //   mask.kv_begin(q0), mask.kv_end(q1)      keys any query in [q0, q1) sees: the forward's K/V loop range
 //   mask.q_begin(k0),  mask.q_end(k1)       queries that see any key in [k0, k1): the backward's Q loop range
 //   mask.kv_tile_begin(q0, Bc), mask.kv_tile_end(q0, q1, Bc)   the same K/V range in whole tiles of Bc keys
+//   mask.keys_of(i), mask.queries_of(j)     the one run of keys query i sees, of queries key j sees (a Span)
 //   mask.full(q0, q1, k0, k1)               every real (query, key) pair of the block is visible: no mask
 //   mask.needs_mask(q0, q1, k0, k1)         not full, or past Nk or Nq: the tile applies visible()
 //   mask.heavy_last()                       later query blocks see more keys (launch them first)
@@ -28,6 +29,10 @@
 #pragma once
 
 namespace fa {
+
+struct Span {  // [first, end): empty when end <= first
+    int first, end;
+};
 
 struct Mask {
     int Nq, Nk, left, right;  // window: -1 = unbounded on that side
@@ -55,6 +60,17 @@ struct Mask {
         if (left < 0) return Nq;
         const int last = (k1 < Nk ? k1 : Nk) - 1;
         return clamp(last - offset() + left + 1, Nq);
+    }
+    // A row of the mask is one run: query i sees exactly the keys [kv_begin(i), kv_end(i + 1)), key j is seen by
+    // exactly the queries [q_begin(j), q_end(j + 1)); a query past Nq sees none, a key past Nk is seen by none.
+    // A pair's test against its row's run is one compare (the backward's mask pass, bwd::visible_cols).
+    __device__ __forceinline__ Span keys_of(int i) const {
+        const int lo = kv_begin(i);
+        return Span{lo, i < Nq ? kv_end(i + 1) : lo};
+    }
+    __device__ __forceinline__ Span queries_of(int j) const {
+        const int lo = q_begin(j);
+        return Span{lo, j < Nk ? q_end(j + 1) : lo};
     }
     // Every real pair of rows [q0, q1) x keys [k0, k1) is visible (rows >= Nq and keys >= Nk do not count:
     // the bounds are checked apart from the mask).
