@@ -142,6 +142,16 @@ struct NoDq {
     __device__ __forceinline__ void add(S&) const {}
 };
 
+// Where 16-byte chunk c of row r of a 64 x NQ block of dQaccum lies: chunk c ^ 2 (r % 4) of that row. A warp
+// stores its accumulator 8 bytes a lane, and the hardware serves 8-byte stores half a warp at a time: 16 lanes,
+// 4 rows (r % 4 = 0 .. 3) of 2 chunks each (2n, 2n + 1 for the lanes' columns 8n .. 8n + 7). The rows are NQ
+// floats apart (a multiple of the 32 banks), so without a swizzle the 4 rows hit the same banks (4-way); with
+// the old swizzle c ^ (r % 8), rows r and r ^ 1 swap chunks 2n and 2n + 1 and still collide (2-way: twice the
+// wavefronts, about 35 million excess at D = 128 in docs/results/cuda/ncu-wgmma-ws-backward). XOR with
+// 2 (r % 4) moves each row's pair of chunks to its own 32 bytes of the 128: 8 distinct chunks, every bank once.
+// It permutes chunks inside aligned groups of 8 (128 bytes), so wgmma_bwd_dq_store's reads stay coalesced.
+__device__ __forceinline__ int dq_chunk(int r, int c) { return c ^ ((r & 3) << 1); }
+
 // The one-kernel backward's third product (FlashAttention-2's Algorithm 2 and FlashAttention-3 compute dQ so):
 //   dQ_i += dS_ij K_j    summed over the K/V tiles j in float32 global memory (dQaccum)
 // for a block of NWG warpgroups of 64 keys each and a tile of Br = 64 queries. dS_ij^T sits in registers as the
@@ -153,8 +163,7 @@ struct NoDq {
 // thread hands the whole buffer to the copy engine, which adds it into dQaccum (tma::bulk_reduce_add) while the
 // warpgroup goes on: one instruction instead of 64 NQ atomic adds from the threads. dQaccum is blocked so that
 // the buffer lands in one contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major
-// with the 16-byte chunks of row r XOR-swizzled by r % 8 (a warp's stores spread over the banks);
-// wgmma_bwd_dq_store reads it back, times softmax_scale.
+// with its 16-byte chunks swizzled (dq_chunk); wgmma_bwd_dq_store reads it back, times softmax_scale.
 // FIRST: the block's first thread of the NWG warpgroups (0; wgmma_bwd_ws: 128, after the producer warpgroup).
 // Br = 128 (wgmma_bwd_ws at D = 64, NWG = 2): the warpgroups split dQ_i by rows instead, warpgroup w computing
 // all D columns of queries [64 w, 64 w + 64) (dS_ij's rows 64 w .. as A; an n64 product, not an n32 one), and
@@ -221,7 +230,7 @@ struct DqReduce {
                 // column c of the warpgroup's NQ: piece c / PQ of the block (its own piece without ROW_SPLIT),
                 // column c % PQ there; c even: one 16-byte chunk
                 const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0), piece = c / PQ, cc = c % PQ;
-                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (((cc >> 2) ^ (r & 7)) << 2) + (cc & 3)),
+                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (dq_chunk(r, cc >> 2) << 2) + (cc & 3)),
                              d[n][2 * h], d[n][2 * h + 1]);
             }
         fence_proxy_async();  // the buffer is visible to the copy engine ...
@@ -576,7 +585,7 @@ __global__ void wgmma_bwd_preprocess(const unsigned short* __restrict__ O, const
 }
 
 // dQ (B Hq, Nq, D) = softmax_scale * dQaccum in 16 bits, 4 elements per thread (n = B Hq Nq D). dQaccum is
-// wgmma_bwd_fused's blocked layout: (B Hq, ceil(Nq / 64), NWG, 64, NQ), NQ = D / NWG, 16-byte chunks swizzled.
+// wgmma_bwd_fused's blocked layout: (B Hq, ceil(Nq / 64), NWG, 64, NQ), NQ = D / NWG, chunks at dq_chunk.
 template <int D, int NWG, bool BF16>
 __global__ void wgmma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned short* __restrict__ dQ, int Nq,
                                    long long n, float softmax_scale) {
@@ -587,7 +596,8 @@ __global__ void wgmma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned s
     const long long row = e / D, bh = row / Nq;
     const int i = (int)(row % Nq), r = i % 64, w = d / NQ, c = d % NQ;
     const long long block = (bh * ((Nq + 63) / 64) + i / 64) * NWG + w;
-    const float4 a = *reinterpret_cast<const float4*>(dQaccum + block * 64 * NQ + r * NQ + (((c >> 2) ^ (r & 7)) << 2));
+    const int chunk = wgmma_bwd_detail::dq_chunk(r, c >> 2);
+    const float4 a = *reinterpret_cast<const float4*>(dQaccum + block * 64 * NQ + r * NQ + (chunk << 2));
     *reinterpret_cast<uint2*>(dQ + e) = make_uint2(ptx::pack2<BF16>(a.x * softmax_scale, a.y * softmax_scale),
                                                    ptx::pack2<BF16>(a.z * softmax_scale, a.w * softmax_scale));
 }
