@@ -638,7 +638,7 @@ def t_variants_window(R, lang):
 
 def t_variants_compare(R, lang):
     """Each variant case: our time against the best PyTorch alternative's (window, GQA, dropout)."""
-    rows = [e for e in _variants(R, "window") if e["section"] == "window"] + _variants(R, "gqa-dropout")
+    rows = [e for e in _variants(R, "window") if e["section"] == "window"] + _variants(R, "gqa") + _variants(R, "dropout")
     cuda = _variants_cuda(rows)
     out = []
     for e in rows:
@@ -728,7 +728,7 @@ TABLES = {
 def variants_figures(R):
     """The figures of performance.md §7 and §9 quoted in prose, from hopper_summary.json and the variants runs."""
     win = [e for e in _variants(R, "window") if e["section"] == "window"]
-    gd = _variants(R, "gqa-dropout")
+    gd = _variants(R, "gqa") + _variants(R, "dropout")
     cuda = _variants_cuda(win)
     ws_fwd = [e["vs_best_alternative"][cuda] for e in win if e["mode"] == "fwd"]
     tri_fwd = [e["vs_best_alternative"]["triton"] for e in win if e["mode"] == "fwd"]

@@ -147,8 +147,9 @@ struct NoDq {
 // 4 rows (r % 4 = 0 .. 3) of 2 chunks each (2n, 2n + 1 for the lanes' columns 8n .. 8n + 7). The rows are NQ
 // floats apart (a multiple of the 32 banks), so without a swizzle the 4 rows hit the same banks (4-way); with
 // the old swizzle c ^ (r % 8), rows r and r ^ 1 swap chunks 2n and 2n + 1 and still collide (2-way: twice the
-// wavefronts, about 35 million excess at D = 128 in docs/results/cuda/ncu-wgmma-ws-backward). XOR with
-// 2 (r % 4) moves each row's pair of chunks to its own 32 bytes of the 128: 8 distinct chunks, every bank once.
+// wavefronts: 35.6 million bank conflicts at D = 128 in Nsight Compute). XOR with 2 (r % 4) moves each row's
+// pair of chunks to its own 32 bytes of the 128: 8 distinct chunks, every bank once (2.5 million left, 6-8 % less
+// time at D = 128: docs/results/cuda/backward_dq_swizzle/).
 // It permutes chunks inside aligned groups of 8 (128 bytes), so wgmma_bwd_dq_store's reads stay coalesced.
 __device__ __forceinline__ int dq_chunk(int r, int c) { return c ^ ((r & 3) << 1); }
 
