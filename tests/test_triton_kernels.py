@@ -550,3 +550,18 @@ def test_element_offsets_past_int32():
         del store
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ tools/triton_fused_backward_probe.py
+@pytest.mark.skipif(DEVICE != "cpu", reason="the probe's check runs under the interpreter; on a GPU the probe "
+                                            "times itself (python tools/triton_fused_backward_probe.py --out DIR)")
+def test_fused_backward_probe_matches_the_two_kernels():
+    """The probe's one-grid backward (the same inner loops) gives the two kernels' dQ, dK, dV: window, full, GQA."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "triton_fused_backward_probe.py"
+    spec = importlib.util.spec_from_file_location("triton_fused_backward_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.main(["--check"]) == 0
