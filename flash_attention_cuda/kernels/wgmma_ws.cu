@@ -25,6 +25,8 @@
 //         m_new = max(m_i, rowmax(S) * scale_log2),  P = exp2(S * scale_log2 - m_new),
 //         l_i = exp2(m_i - m_new) * l_i + rowsum(P)
 //     wait for P_ij Vj -> free V_j's slot;  acc *= exp2(m_i - m_new);  P_i,j+1 -> fp16/bf16 registers
+// (at D = 128, acc *= exp2(m_i - m_new) waits for the next turn instead, and runs between the issue of S_i,j+2 and
+// that of P_i,j+1 Vj+1, on the tensor cores' time: FlashAttention-3's order, RESCALE_IN_TURN)
 // and at the end O = acc / l_i, lse = (m_i + log2 l_i) ln 2, as in wgmma.cu (the same fragments.cuh steps,
 // the same products from wgmma_ops.cuh, the same masks.cuh rule and tile ranges, GQA and dropout).
 //
@@ -62,6 +64,11 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     // registers per thread after the split: 65536 / NT at entry, the producer keeps 24, the consumers share
     // the rest (a multiple of 8): 240 for 2 consumer warpgroups, 160 for 3
     constexpr int CONSUMER_REGS = CWG == 2 ? 240 : 160;
+    // Where acc's rescale runs in the loop: at D = 128 (two consumer warpgroups) inside the turn, after S_i,j+1 is
+    // issued and beside it (FlashAttention-3's order); at D = 64 (three, whose turns are shorter) after P_ij Vj,
+    // outside the turn. Each was the faster of the two there (docs/results/cuda/forward_rescale_order/); at D = 256
+    // the turn's order made ptxas spill more, and it keeps the rescale after P_ij Vj.
+    constexpr bool RESCALE_IN_TURN = D == 128 && CWG == 2;
     constexpr unsigned Q_BYTES = Br * D * 2, KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
@@ -242,6 +249,11 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 pin(pf);        // those writes come before ...
                 wgmma_fence();  // ... this fence, which orders them before the products below
                 issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(g + 1));  // S_i,j+1 = Qi K_j+1^T
+                if constexpr (RESCALE_IN_TURN) {  // acc = exp2(m_i - m_new) * acc while S_i,j+1 runs
+                    frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
+                    pin(acc);
+                    wgmma_fence();
+                }
                 issue_ab<D, Bc, BF16>(acc, pf, v_tile(g));            // acc += P_ij Vj
                 tma::named_arrive(next_turn, 256);                    // the next warpgroup's turn
                 wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
@@ -255,13 +267,16 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 pin(acc);
                 pin(pf);
                 if (lane0) tma::mbar_arrive(v_empty(g));
-                frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);  // acc = exp2(m_i - m_new) * acc
+                if constexpr (!RESCALE_IN_TURN)  // acc = exp2(m_i - m_new) * acc
+                    frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
                 frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
             }
             // every product that reads Q has finished: the producer may load the next item's Q
             if (OWN_O && lane0) tma::mbar_arrive(q_empty);
             // the last tile: acc += P_i,n-1 V_n-1
             tma::mbar_wait(v_full(g), use(g) & 1);
+            if constexpr (RESCALE_IN_TURN)  // (the first tile's alpha is 0, on acc = 0)
+                frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
             tma::named_sync(my_turn, 256);
             pin(acc);
             pin(pf);
