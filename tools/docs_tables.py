@@ -530,6 +530,66 @@ def t_forward_persistent(R, lang):
     return table(header, out, right=set(range(4, 9)))
 
 
+def ab_lines(R, rel):
+    """The lines of a tools/ws_forward_ab.py log: {(label, dtype, B, H, N, D, mask): [TFLOP/s, ...]}."""
+    out = {}
+    for line in R.text(rel).splitlines():
+        f = line.split()
+        if len(f) == 10 and f[1] in ("fwd", "bwd"):
+            out.setdefault((f[0], f[2], *map(int, f[3:7]), f[7]), []).append(float(f[9]))
+    return out
+
+
+RESCALE_AB = ("cuda/forward_rescale_order/ab_fp16.txt", "cuda/forward_rescale_order/ab_bf16.txt")
+
+
+def rescale_ab(R):
+    """[(dtype, B, H, N, D, mask, old TFLOP/s list, new list)] of the rescale-order A/B (commit 02ad5bd 'new'
+    against 1e37aaf 'old', forward_rescale_order/)."""
+    rows = []
+    for rel in RESCALE_AB:
+        runs = ab_lines(R, rel)
+        for key in runs:
+            if key[0] == "new":
+                rows.append((*key[1:], runs[("old", *key[1:])], runs[key]))
+    return rows
+
+
+def t_forward_rescale_order(R, lang):
+    """wgmma-ws's forward alone, commit 02ad5bd (acc's rescale inside the turn at D = 128) against 1e37aaf, timed in
+    turn in one call (forward_rescale_order/ab_*.txt): TFLOP/s of each checkout's runs and the change of the means."""
+    out = []
+    for dtype, b, h, N, D, mask, old, new in rescale_ab(R):
+        change = 100 * (sum(new) / len(new) / (sum(old) / len(old)) - 1)
+        out.append([SHORT_DTYPE[dtype], f"B{b} H{h} N{N}", D, H(lang, mask.replace("-", " "), "否" if mask == "not-causal" else "是"),
+                    span(old), span(new), f"{change:+.1f} %".replace("-", "−")])
+    header = [H(lang, "dtype", "数据类型"), H(lang, "shape", "形状"), "D", H(lang, "mask", "因果"),
+              H(lang, "before (1e37aaf)", "之前（1e37aaf）"), H(lang, "after (02ad5bd)", "之后（02ad5bd）"),
+              H(lang, "change of the means", "均值的变化")]
+    return table(header, out, right={4, 5, 6})
+
+
+def rescale_order_figures(R):
+    """The figures quoted in prose from forward_rescale_order/: the A/B at D = 128, the kernels alone beside cuDNN
+    and the Nsight Compute profiles."""
+    d128 = [(old, new) for _, _, _, N, D, _, old, new in rescale_ab(R) if D == 128 and N >= 4096]
+    gain = span([100 * (sum(n) / len(n) / (sum(o) / len(o)) - 1) for o, n in d128], lambda x: f"{x:.1f}", " %")
+    rows = [r for r in R.json("cuda/forward_rescale_order/forward_kernels.json")["rows"] if r["N"] >= 4096
+            and not r["causal"]]
+    lib = _ws_name(128)
+    alone = span([r["tflops"][lib] / r["tflops"]["sdpa-cudnn"] for r in rows], f2, "×")
+    pers = span([r["tflops"][lib + " persistent"] / r["tflops"]["sdpa-cudnn"] for r in rows], f2, "×")
+    ncu = R.text("cuda/forward_rescale_order/ncu_rescale_order.md")
+    ws = re.findall(r"\| cuda-wgmma-ws-fwd-d128 \| (\d+) \| \d+ \| [^|]+\| (\d+) \|", ncu)
+    cud = re.search(r"\| sdpa-cudnn-fwd-d128 \| (\d+) \| \d+ \| [^|]+\| (\d+) \|", ncu)
+    prof = (f"{ws[1][1]} % to {ws[0][1]} % busy, {ws[1][0]} to {ws[0][0]} TFLOP/s under the profiler, against "
+            f"cuDNN's {cud.group(2)} % and {cud.group(1)}")
+    fig = f"{gain} faster at D = 128, N ≥ 4096"
+    return [("docs/performance.md", fig), ("docs/performance.md", f"library's grid {alone} cuDNN"),
+            ("docs/performance.md", f"persistent grid {pers}"), ("docs/performance.md", prof),
+            ("docs/backend_cuda.md", fig)]
+
+
 WS_TILES = (("wgmma-ws 160x2x2", "160"), ("wgmma-ws 176x2x2", "176"), ("wgmma-ws 192x2x2", "192"),
             ("wgmma-ws 128x2x3", "128, 3 stages"))
 
@@ -719,6 +779,7 @@ TABLES = {
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
     "forward-tiles": t_forward_tiles,
+    "forward-rescale-order": t_forward_rescale_order,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -1014,7 +1075,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
