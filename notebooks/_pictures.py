@@ -1,4 +1,4 @@
-"""Drawings used by the notebooks (and by ``tools/make_tile_walk_gif.py``); plain NumPy + matplotlib.
+"""Drawings used by the notebooks (and by ``tools/make_doc_images.py``); plain NumPy + matplotlib.
 
 * ``tile_walk_animation(...)``: the v1 and v2 loop orders walking the (Tr, Tc) grid of S tiles, with
   causal block skipping, and the running m_i, l_i and O of one query row as its tiles arrive.
@@ -8,6 +8,8 @@
   C (16 x 8) tiles of ``mma.sync.m16n8k16`` (PTX ISA, "Matrix Fragments for mma.m16n8k16").
 * ``draw_swizzle(ax_logical, ax_physical)``: the XOR swizzle of ``mma.cu`` / ``smem_tiles.cuh``:
   16-byte chunk c of shared-memory row r is stored at chunk c ^ (r % 8).
+* ``pingpong_schedule(...)``, ``draw_pingpong(ax, schedule)``, ``pingpong_legend(fig)``, ``longest_hidden_softmax``: a small model of the loop of one or two consumer
+  warp groups (``wgmma.cu``; ``wgmma_ws.cu``'s ping-pong) and the tensor cores' timeline it gives.
 """
 from __future__ import annotations
 
@@ -232,3 +234,125 @@ def draw_swizzle(ax_logical, ax_physical, rows: int = 8, chunks: int = 8) -> Non
         ax.set_ylabel("tile row r", fontsize=7)
     ax_logical.set_title("no swizzle: chunk c at c\n(column 0 = 8 reads of banks 0-3)", fontsize=8)
     ax_physical.set_title("XOR swizzle: chunk c at c ^ (r % 8)\n(column 0 spread over all 32 banks)", fontsize=8)
+
+
+# ------------------------------------------------------------------ rung 3c: the consumers' turns, drawn
+# Illustrative durations of one tile step of one consumer warp group at D = 128, Bc = 128, in cycles of one SM:
+# each product is 64 x 128 x 128 multiply-adds, 2.1 MFLOP at the 4096 FLOP a cycle of an H100 SM's tensor cores;
+# the softmax's 64 exp2 a thread run on the multi-function units, 16 lanes a cycle; acc's rescale is 64 FMUL a
+# thread, P's packing 32 conversions.
+PINGPONG_CYCLES = {"S": 512, "PV": 512, "softmax": 600, "rescale": 64, "pack": 32}
+
+
+def pingpong_schedule(consumers: int = 2, tiles: int = 6, rescale_in_turn: bool = True, cycles=None) -> dict:
+    """A small model of the loop of ``wgmma.cu`` (consumers = 1) and ``wgmma_ws.cu`` (2: ping-pong), per step j
+    of one consumer warp group (64 query rows):
+
+        wait for its turn; issue S_j+1 = Q K_j+1^T; [rescale acc]; issue acc += P_j V_j; pass the turn on
+        wait for S_j+1; softmax of it (under P_j V_j); wait for P_j V_j; [rescale acc]; pack P_j+1
+
+    The tensor cores run the issued products one after another in issue order; the turn goes round the
+    consumers in a ring (with one consumer there is no turn to wait for); acc's rescale runs inside the turn
+    (rescale_in_turn, FlashAttention-3's order) or after P_j V_j. Loads never stall (the producer is ahead).
+    Durations: ``cycles`` (default PINGPONG_CYCLES). An illustration of the order of the work, not a
+    prediction of any timing.
+
+    Returns {"tc": [(start, end, consumer, "S" or "PV", step)], "wg": [(start, end, consumer, what)] with what
+    in "softmax", "rescale", "pack", and "end": when the last product finishes}.
+    """
+    c = dict(PINGPONG_CYCLES, **(cycles or {}))
+    if consumers < 1 or tiles < 1:
+        raise ValueError(f"pingpong_schedule: consumers and tiles must be >= 1, got {consumers} and {tiles}")
+    tc_free, tc, wg = 0.0, [], []
+    t = [0.0] * consumers      # when each consumer is ready for its next instruction
+    turn = [0.0] * consumers   # when each consumer's turn is passed to it
+    turn[1:] = [float("inf")] * (consumers - 1)
+
+    def product(start, kind, who, step):
+        nonlocal tc_free
+        begin = max(start, tc_free)
+        tc_free = begin + c[kind]
+        tc.append((begin, tc_free, who, kind, step))
+        return tc_free
+
+    def work(who, what):
+        wg.append((t[who], t[who] + c[what], who, what))
+        t[who] += c[what]
+
+    for step in range(tiles):
+        for who in range(consumers):
+            t[who] = max(t[who], turn[who])                 # wait for my turn
+            s_done = product(t[who], "S", who, step + 1)    # S_j+1 = Q K_j+1^T
+            if rescale_in_turn:
+                work(who, "rescale")                        # acc *= exp2(m_old - m_new), beside S_j+1
+            pv_done = product(t[who], "PV", who, step)      # acc += P_j V_j
+            if consumers > 1:
+                turn[(who + 1) % consumers] = t[who]        # pass the turn on
+                turn[who] = float("inf")
+            t[who] = max(t[who], s_done)                    # wait for S_j+1
+            work(who, "softmax")                            # m_new, P = exp2(S - m_new), l_i (under P_j V_j)
+            t[who] = max(t[who], pv_done)                   # wait for P_j V_j
+            if not rescale_in_turn:
+                work(who, "rescale")
+            work(who, "pack")                               # P_j+1 -> fp16/bf16 registers
+    return {"tc": tc, "wg": wg, "end": tc_free}
+
+
+def tensor_core_idle(schedule: dict) -> float:
+    """Cycles between the first product's start and the last one's end in which the tensor cores ran nothing."""
+    spans = sorted((s, e) for s, e, *_ in schedule["tc"])
+    return sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+
+
+def draw_pingpong(ax, schedule: dict, title: str = "") -> None:
+    """One lane for the tensor cores and one per consumer warp group: the products (S, P V) coloured by the
+    consumer that issued them, the softmax, rescale and packing on the consumers' own lanes, and the tensor
+    cores' idle gaps hatched."""
+    consumers = 1 + max(who for _, _, who, *_ in schedule["tc"])
+    colours = ["tab:blue", "tab:orange", "tab:green"]
+    work_colour = {"softmax": "tab:purple", "rescale": "tab:red", "pack": "tab:gray"}
+    lanes = {"tc": consumers}
+    for s, e, who, kind, step in schedule["tc"]:
+        ax.broken_barh([(s, e - s)], (lanes["tc"] - 0.4, 0.8), facecolors=colours[who % 3],
+                       alpha=0.95 if kind == "S" else 0.55, edgecolor="white")
+        ax.text((s + e) / 2, lanes["tc"], f"{'S' if kind == 'S' else 'PV'}{step}", ha="center", va="center",
+                fontsize=6)
+    spans = sorted((s, e) for s, e, *_ in schedule["tc"])
+    for a, b in zip(spans, spans[1:]):
+        if b[0] > a[1]:
+            ax.broken_barh([(a[1], b[0] - a[1])], (lanes["tc"] - 0.4, 0.8), facecolors="none", hatch="///",
+                           edgecolor="tab:red", linewidth=0)
+    for s, e, who, what in schedule["wg"]:
+        ax.broken_barh([(s, e - s)], (consumers - 1 - who - 0.3, 0.6), facecolors=work_colour[what], alpha=0.8)
+    ax.set_yticks([lanes["tc"]] + [consumers - 1 - w for w in range(consumers)],
+                  ["tensor cores"] + [f"consumer {w}" for w in range(consumers)], fontsize=7)
+    ax.set_xlabel("cycles (illustrative)", fontsize=7)
+    ax.tick_params(axis="x", labelsize=6)
+    ax.set_xlim(0, schedule["end"])
+    busy = 1 - tensor_core_idle(schedule) / (schedule["end"] - schedule["tc"][0][0])
+    ax.set_title(f"{title}  (tensor cores busy {100 * busy:.0f} % of this drawing)", fontsize=8)
+
+
+def pingpong_legend(fig) -> None:
+    """The colours of draw_pingpong, once for a figure, under its panels."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=col, alpha=a, label=name) for name, col, a in (
+        ("S = Q K^T", "tab:blue", 0.95), ("P V", "tab:blue", 0.55), ("(second warp group's)", "tab:orange", 0.75),
+        ("softmax", "tab:purple", 0.8), ("rescale acc", "tab:red", 0.8), ("pack P", "tab:gray", 0.8))]
+    handles.append(Patch(facecolor="none", edgecolor="tab:red", hatch="///", label="tensor cores idle"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+
+
+def longest_hidden_softmax(consumers: int = 2, rescale_in_turn: bool = True, cycles=None) -> int:
+    """The longest softmax (whole cycles) for which pingpong_schedule's tensor cores never wait, the other
+    durations as given; -1 if they wait even with no softmax (one warp group: its packing)."""
+    base = dict(PINGPONG_CYCLES, **(cycles or {}))
+    hidden = lambda t: tensor_core_idle(pingpong_schedule(consumers, 8, rescale_in_turn, dict(base, softmax=t))) == 0  # noqa: E731
+    if not hidden(0):
+        return -1
+    lo, hi = 0, 8 * (base["S"] + base["PV"])  # hidden(lo); the idle time grows with the softmax
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if hidden(mid) else (lo, mid - 1)
+    return lo

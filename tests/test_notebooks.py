@@ -220,3 +220,55 @@ def test_notebook_runs(name, monkeypatch):
         f"{name}: {checks} exercise checks, {texts.count('Correct:')} said 'Correct:' with the worked answers in place"
     if not _has_cuda():   # the budget is for the CPU path; on a GPU the notebooks run real sweeps (minutes)
         assert seconds <= BUDGET_S, f"{name} took {seconds:.0f} s, over the {BUDGET_S:.0f} s budget per notebook on 2 cores"
+
+
+# ------------------------------------------------------------------ notebook 06's model of rung 3c's turns
+def _pictures():
+    import importlib
+    import sys
+
+    if str(NB_DIR) not in sys.path:
+        sys.path.insert(0, str(NB_DIR))
+    return importlib.import_module("_pictures")
+
+
+def test_pingpong_model():
+    """pingpong_schedule (notebook 06, docs/img/pingpong.png): the tensor cores run one product at a time in
+    issue order, the consumers take their turns in a ring, and the idle time and the longest hidden softmax are
+    the closed forms the notebook's exercise asks for."""
+    pic = _pictures()
+    C = pic.PINGPONG_CYCLES
+    for consumers in (1, 2, 3):
+        for in_turn in (False, True):
+            s = pic.pingpong_schedule(consumers, 5, in_turn)
+            tc = s["tc"]
+            assert all(a[1] <= b[0] for a, b in zip(tc, tc[1:])), "products overlap on the tensor cores"
+            assert [who for _, _, who, kind, _ in tc if kind == "S"] == [w for _ in range(5) for w in range(consumers)]
+            assert s["end"] == tc[-1][1] and len(s["wg"]) == 3 * 5 * consumers
+    # one warp group alone: per step, the softmax beyond its own P V, the rescale (after P V) and the packing
+    alone = pic.pingpong_schedule(1, 6, rescale_in_turn=False)
+    assert pic.tensor_core_idle(alone) == 5 * (C["softmax"] - C["PV"] + C["rescale"] + C["pack"])
+    assert pic.tensor_core_idle(pic.pingpong_schedule(2, 6)) == 0
+    # two in ping-pong: a softmax up to 2 (T_S + T_PV) - T_S - T_pack is hidden (less the rescale after P V)
+    full = 2 * (C["S"] + C["PV"]) - C["S"] - C["pack"]
+    assert pic.longest_hidden_softmax() == full
+    assert pic.longest_hidden_softmax(rescale_in_turn=False) == full - C["rescale"]
+    assert pic.longest_hidden_softmax(1) == -1
+    with pytest.raises(ValueError, match="pingpong_schedule: consumers and tiles must be >= 1, got 0 and 3"):
+        pic.pingpong_schedule(0, 3)
+
+
+def test_pingpong_figure(tmp_path):
+    """tools/make_doc_images.py draws the figure of docs/backend_cuda.md (committed as docs/img/pingpong.png)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_doc_images", ROOT / "tools" / "make_doc_images.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--out-dir", str(tmp_path), "--only", "pingpong", "--steps", "2"]) == 0
+    assert (tmp_path / "pingpong.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "tile_walk.gif").exists()
+    committed = ROOT / "docs" / "img" / "pingpong.png"
+    assert committed.exists() and committed.stat().st_size < 300_000, "python tools/make_doc_images.py"
+    for page in ("docs/backend_cuda.md", "docs/zh/backend_cuda.md"):
+        assert "img/pingpong.png" in (ROOT / page).read_text(encoding="utf-8"), page

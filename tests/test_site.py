@@ -53,8 +53,9 @@ def test_site_builds(site):
     html = (site / NOTEBOOK_PAGE / "index.html").read_text(encoding="utf-8")
     assert "data:image/png;base64" in html, "the page of notebook 02 shows no plot (was it executed?)"
     gif = site / "img" / "tile_walk.gif"
-    assert gif.exists(), "docs/img/tile_walk.gif is missing from the site (python tools/make_tile_walk_gif.py)"
+    assert gif.exists(), "docs/img/tile_walk.gif is missing from the site (python tools/make_doc_images.py)"
     assert gif.stat().st_size < 1_000_000, f"docs/img/tile_walk.gif is {gif.stat().st_size} bytes; keep it under 1 MB"
+    assert (site / "img" / "pingpong.png").exists(), "docs/img/pingpong.png (backend_cuda.md) is missing from the site"
 
 
 def _browser():
