@@ -10,6 +10,8 @@
   16-byte chunk c of shared-memory row r is stored at chunk c ^ (r % 8).
 * ``pingpong_schedule(...)``, ``draw_pingpong(ax, schedule)``, ``pingpong_legend(fig)``, ``longest_hidden_softmax``: a small model of the loop of one or two consumer
   warp groups (``wgmma.cu``; ``wgmma_ws.cu``'s ping-pong) and the tensor cores' timeline it gives.
+* ``dq_store_banks(lane)``, ``draw_dq_store_banks(axes)``: the banks a half warp's 8-byte stores of the backward's
+  dQ sums hit, with ``wgmma_backward.cu``'s old and new chunk swizzle (``dq_chunk``).
 """
 from __future__ import annotations
 
@@ -356,3 +358,43 @@ def longest_hidden_softmax(consumers: int = 2, rescale_in_turn: bool = True, cyc
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if hidden(mid) else (lo, mid - 1)
     return lo
+
+
+# ------------------------------------------------------------------ notebook 08: the dQ sums' 8-byte stores
+def dq_chunk(r: int, c: int, swizzle: str = "new") -> int:
+    """Where 16-byte chunk c of row r of a warp group's dQ buffer is stored in wgmma_backward.cu (DqReduce):
+    "new" c ^ 2 (r % 4) (``dq_chunk`` there, since commit 82d7a26), "old" c ^ (r % 8), "none" c."""
+    return {"new": c ^ ((r & 3) << 1), "old": c ^ (r % 8), "none": c}[swizzle]
+
+
+def dq_store_banks(lane: int, n: int = 0, swizzle: str = "new") -> tuple[int, int]:
+    """The two shared-memory banks (4 bytes each) that ``lane`` of a warp writes with its 8-byte store of
+    accumulator columns 8n + 2t, 8n + 2t + 1 in row g (g = lane // 4, t = lane % 4) of a buffer whose rows are a
+    multiple of 128 bytes long: float 2t % 4 of chunk 2n + t // 2."""
+    g, t = divmod(lane, 4)
+    chunk = dq_chunk(g, 2 * n + t // 2, swizzle)
+    first = (4 * chunk + 2 * (t % 2)) % 32
+    return first, first + 1
+
+
+def draw_dq_store_banks(axes, n: int = 0) -> None:
+    """For the 16 lanes of a half warp (served together for 8-byte stores), the banks each writes in its row,
+    without a swizzle, with the old one and the new one; the title says how many lanes meet in a bank (the
+    wavefronts the store takes)."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab20")
+    for ax, swizzle in zip(axes, ("old", "new")):
+        hits = {}
+        for lane in range(16):
+            for b in dq_store_banks(lane, n, swizzle):
+                hits.setdefault(b, []).append(lane)
+                ax.add_patch(plt.Rectangle((b, lane // 4), 1, 1, facecolor=cmap(lane), edgecolor="white"))
+                ax.text(b + 0.5, lane // 4 + 0.5, str(lane), ha="center", va="center", fontsize=5)
+        ways = max(len(v) for v in hits.values())
+        rule = {"old": "c ^ (r % 8)", "new": "c ^ 2 (r % 4)"}[swizzle]
+        ax.set_title(f"chunk c of row r at {rule}: {len(hits)} banks, up to {ways} lane{'s' if ways > 1 else ''} a bank "
+                     f"({ways} wavefront{'s' if ways > 1 else ''})", fontsize=8)
+        ax.set_xlim(0, 32); ax.set_ylim(4, 0)
+        ax.set_xticks(range(0, 32, 4)); ax.set_yticks([0.5, 1.5, 2.5, 3.5], ["row 0", "row 1", "row 2", "row 3"])
+        ax.tick_params(labelsize=6); ax.set_xlabel("bank", fontsize=7)

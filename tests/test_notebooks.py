@@ -272,3 +272,18 @@ def test_pingpong_figure(tmp_path):
     assert committed.exists() and committed.stat().st_size < 300_000, "python tools/make_doc_images.py"
     for page in ("docs/backend_cuda.md", "docs/zh/backend_cuda.md"):
         assert "img/pingpong.png" in (ROOT / page).read_text(encoding="utf-8"), page
+
+
+def test_dq_store_banks_follow_the_kernel():
+    """Notebook 08's drawing of the dQ sums' stores uses wgmma_backward.cu's own rule (dq_chunk, read from the
+    source): with it a half warp's 8-byte stores hit all 32 banks once; with the old c ^ (r % 8), 16 banks twice."""
+    pic = _pictures()
+    src = (ROOT / "flash_attention_cuda" / "kernels" / "wgmma_backward.cu").read_text()
+    expr = re.search(r"int dq_chunk\(int r, int c\) \{ return ([^;]+); \}", src).group(1)
+    for r in range(16):
+        for c in range(8):
+            assert pic.dq_chunk(r, c) == eval(expr, {"r": r, "c": c}), (r, c, expr)  # noqa: S307 - the kernel's C
+    for n in range(4):
+        for swizzle, banks, ways in (("new", 32, 1), ("old", 16, 2)):
+            hits = [b for lane in range(16) for b in pic.dq_store_banks(lane, n, swizzle)]
+            assert len(set(hits)) == banks and max(hits.count(b) for b in hits) == ways, (n, swizzle)
