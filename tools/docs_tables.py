@@ -592,6 +592,7 @@ def rescale_order_figures(R):
              f"{len(ratio)} cases; not causal {span(nc, f2, '×')})")
     return [("docs/performance.md", fig), ("docs/performance.md", f"library's grid {alone} cuDNN"),
             ("docs/performance.md", again), ("docs/results/cuda/README.md", again),
+            ("README.md", f"inside the ping-pong's turn (FlashAttention-3's order): {span(ratio, f2, '×')}"),
             ("docs/performance.md", f"persistent grid {pers}"), ("docs/performance.md", prof),
             ("docs/backend_cuda.md", fig)]
 
