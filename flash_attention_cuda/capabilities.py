@@ -135,14 +135,18 @@ _HALF = {"cuda": ("float16", "bfloat16")}
 _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # The head dims the tensor-core kernels are compiled for; any other D <= 256 is zero-padded to the next of them
 # (launch_specs.padded_head_dim: zero columns leave Q K^T, and so P, unchanged, and give O zero columns that are
-# cut off), at the cost of the padded work and one copy of q, k, v. A backward holds a tile of dK and dV in
-# registers, 2 x 64 x D fp32 per 64 keys: at D = 256 that is 256 registers a thread, more than a thread has. The
-# two-kernel backwards (mma, wgmma) then split the columns of dK and dV over two blocks, each computing S and dP
-# once more; the one-kernel wgmma backwards (wgmma-fused, wgmma-ws), whose dQ product shares the tile, stop at
-# 128, and kernel='auto' runs the two-kernel wgmma backward above it on a Hopper.
-TENSOR_CORE_HEAD_DIMS = (64, 128, 256)
+# cut off), at the cost of the padded work and one copy of q, k, v. D = 32 and 96 are not multiples of the 64
+# columns a 128-byte swizzled row holds: their tiles take the 64-byte swizzle in 32-column panels (wgmma_ops.cuh,
+# smem_tiles.cuh). A backward holds a tile of dK and dV in registers, 2 x 64 x D fp32 per 64 keys: at D = 256
+# that is 256 registers a thread, more than a thread has. The two-kernel backwards (mma, wgmma) then split the
+# columns of dK and dV over two blocks, each computing S and dP once more; the one-kernel wgmma backwards
+# (wgmma-fused, wgmma-ws), whose dQ product shares the tile, stop at 128, and kernel='auto' runs the two-kernel
+# wgmma backward above it on a Hopper. The wgmma backwards keep the 128-byte swizzle throughout: they take D = 64,
+# 128 (and 256), and pad D = 32 and 96.
+TENSOR_CORE_HEAD_DIMS = (32, 64, 96, 128, 256)
+WGMMA_BACKWARD_HEAD_DIMS = (64, 128, 256)
 WGMMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
-BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
+BACKWARD_HEAD_DIMS = {"wgmma": WGMMA_BACKWARD_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
                       "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS,
                       "mma-fused": TENSOR_CORE_HEAD_DIMS}
 _TC_MAX_D = TENSOR_CORE_HEAD_DIMS[-1]

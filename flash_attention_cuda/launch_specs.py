@@ -71,11 +71,12 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA
 # D = 64: FlashAttention-2's own forward tile at this head dim (128 keys, 4 warps of 32 query rows), timed alone on
 # an H100 at 1.10-1.15x the 64-key tile the sweep had chosen (tools/cuda_forward_kernels.py --kernel mma,
 # docs/results/cuda/mma_forward/).
-MMA_CONFIGS = {64: (128, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
+# D = 32 and 96 (not swept): the tiles of D = 64 and 128.
+MMA_CONFIGS = {32: (128, 4, 2), 64: (128, 4, 2), 96: (128, 8, 1), 128: (128, 8, 1), 256: (64, 4, 1)}
 # ... with dropout: the 64-key tile at D = 64 (with 128 keys the Philox rounds beside S_ij spill 388 bytes a thread)
-MMA_DROPOUT_CONFIGS = {64: (64, 4, 2), 128: (128, 8, 1), 256: (64, 4, 1)}
+MMA_DROPOUT_CONFIGS = {32: (64, 4, 2), 64: (64, 4, 2), 96: (128, 8, 1), 128: (128, 8, 1), 256: (64, 4, 1)}
 # wgmma: (Bc keys per K/V tile, warpgroups per block); Br = 64 * warpgroups query rows per block.
-WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2), 256: (64, 2)}
+WGMMA_CONFIGS = {32: (64, 2), 64: (64, 2), 96: (128, 2), 128: (128, 2), 256: (64, 2)}
 # wgmma-ws: (Bc keys per K/V tile, consumer warpgroups, K/V stages); Br = 64 * consumer warpgroups query rows per
 # block, plus one producer warpgroup. Chosen by tools/cuda_forward_kernels.py on an H100
 # (docs/results/cuda/forward_kernels.md): at D = 64 three consumer warpgroups (Br = 192) beat two by 10-15 %.
@@ -83,14 +84,15 @@ WGMMA_CONFIGS = {64: (64, 2), 128: (128, 2), 256: (64, 2)}
 # N <= 4096 (docs/results/cuda/forward_tiles/: 176 keys 0.88-0.95x the 128-key tile at N >= 4096, not causal).
 # D = 256: 64-key tiles (an accumulator of 64 x 256 is 128 of a consumer's 240 registers; S_ij and P_ij of 128
 # keys would not fit beside it); shared memory Q 64 KiB + 2 stages of K and V 32 KiB each = 192 KiB.
-WGMMA_WS_CONFIGS = {64: (128, 3, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
+# D = 32 and 96 (not swept): the tiles of D = 64 and 128.
+WGMMA_WS_CONFIGS = {32: (128, 3, 2), 64: (128, 3, 2), 96: (128, 2, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
 # ... with dropout: two consumer warpgroups (240 registers each; with three, 160 registers spill the Philox rounds)
-WGMMA_WS_DROPOUT_CONFIGS = {64: (128, 2, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
+WGMMA_WS_DROPOUT_CONFIGS = {32: (128, 2, 2), 64: (128, 2, 2), 96: (128, 2, 2), 128: (128, 2, 2), 256: (64, 2, 2)}
 # mma backward: (warps per block, rows of the tile each kernel loops over) per head dim: 64 x 64 tiles, chosen
 # by the config sweep (`python -m benchmarks --preset cuda-backward --sweep`); at D = 256 the looped tiles have
 # 32 rows (shared memory 128 KiB instead of 192) and the dK/dV kernel splits dK, dV's 256 columns over
 # dkdv_column_blocks(256) = 2 blocks (mma_backward.cu: 128 columns, as many registers as D = 128 takes).
-MMA_BACKWARD_CONFIGS = {64: (4, 64), 128: (4, 64), 256: (4, 32)}
+MMA_BACKWARD_CONFIGS = {32: (4, 64), 64: (4, 64), 96: (4, 64), 128: (4, 64), 256: (4, 32)}
 # wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
 # keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
 # D = 256 (the two-kernel backward only): streamed tiles of 32 rows, so that a warpgroup's 128 accumulator registers

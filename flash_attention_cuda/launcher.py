@@ -60,9 +60,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
         kernel: 'naive' | 'tiled' (fp32, D <= 128) | 'mma' (fp16/bf16, D <= 256) |
                 'wgmma' (fp16/bf16, D <= 256, Hopper only) | 'wgmma-ws' (the same, warp-specialised: a TMA
                 producer warpgroup and ping-pong consumers, Hopper only) | 'auto' (for fp16/bf16: wgmma-ws on a
-                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 64, 128
-                and 256: another D runs on copies of q, k, v zero-padded to the next of them (exact; the padded
-                work and one copy).
+                Hopper GPU, else mma; otherwise tiled). The tensor-core kernels are compiled for D = 32, 64,
+                96, 128 and 256: another D runs on copies of q, k, v zero-padded to the next of them (exact; the
+                padded work and one copy).
         The checks of a call are done once per distinct (shapes, strides, dtypes, devices, arguments) and
         remembered (checks.check_forward_cached): a loop of identical calls pays them on its first call only.
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
@@ -150,10 +150,11 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     kernel: 'wgmma-ws' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: one kernel on warpgroup tensor
     cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
-    without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic; D <= 256) |
-    'mma' (fp16/bf16, D <= 256 (padded to 64, 128 or 256), compute capability >= 8.0: mma.sync tensor cores, fp32
-    accumulation, two kernels, deterministic; kernels/mma_backward.cu) | 'mma-fused' (the same, as one kernel whose
-    dQ is summed with atomic adds, FlashAttention-2's choice; mma_bwd_fused) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
+    without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic;
+    D <= 256, padded to 64, 128 or 256) | 'mma' (fp16/bf16, D <= 256 (padded to 32, 64, 96, 128 or 256), compute
+    capability >= 8.0: mma.sync tensor cores, fp32 accumulation, two kernels, deterministic;
+    kernels/mma_backward.cu) | 'mma-fused' (the same, as one kernel whose dQ is summed with atomic adds,
+    FlashAttention-2's choice; mma_bwd_fused) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
     fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, wgmma above it, else
     mma where it applies, else tiled).
     """

@@ -40,7 +40,7 @@ from flash_attention_py.validation import array_kind
 
 __all__ = ["KERNEL_DIR", "SOURCES", "HEADERS", "HOPPER_SOURCES", "read_source", "get_kernel", "compute_capability",
            "device_sms", "device_cc", "Stream", "launch", "ptr", "as_cupy", "contig", "empty", "convert", "copy", "tensor_map",
-           "tensor_map_layout", "encode_tensor_map", "Packed"]
+           "tensor_map_layout", "tma_box_columns", "encode_tensor_map", "Packed"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 SOURCES = ("naive.cu", "tiled.cu", "mma.cu", "wgmma.cu", "wgmma_ws.cu", "backward.cu", "mma_backward.cu",
@@ -325,10 +325,17 @@ def _driver_launch(kern, stream_handle: int, spec, arrays: dict) -> bool:
 # cuda.h's CUtensorMap: 128 opaque bytes (CU_TENSOR_MAP_NUM_QWORDS = 16), as a NumPy dtype CuPy passes by value
 TMA_MAP_DTYPE = np.dtype({"names": ["words"], "formats": [("<u8", (16,))]})
 # cuda.h's enums: CU_TENSOR_MAP_DATA_TYPE_UINT16 (the kernels move raw 16-bit values: zero-filled out of bounds
-# whatever the float format), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B (wgmma_ops.cuh's sw128),
-# CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
-_TMA_UINT16, _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE_128B, _TMA_L2_256B, _TMA_OOB_ZERO = 1, 0, 3, 3, 0
-TMA_BOX_COLUMNS = 64  # 64 16-bit columns = one 128-byte swizzle row: a (rows, D) tile is D / 64 boxes
+# whatever the float format), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B and _128B (wgmma_ops.cuh's
+# swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros)
+_TMA_UINT16, _TMA_INTERLEAVE_NONE, _TMA_L2_256B, _TMA_OOB_ZERO = 1, 0, 3, 0
+# a box's columns -> the swizzle of its rows: 64 16-bit columns = one 128-byte swizzle row, 32 = one 64-byte row
+_TMA_SWIZZLE = {64: 3, 32: 2}
+
+
+def tma_box_columns(D: int) -> int:
+    """The columns of a TMA box, one swizzled panel of wgmma_ops.cuh's tiles (Panels<D>): 64 where D is a multiple
+    of 64, else 32 (D = 32, 96: the 64-byte swizzle). A (rows, D) tile is D / tma_box_columns(D) boxes."""
+    return 64 if D % 64 == 0 else 32
 _MAPS: dict = {}  # (address, shape, box rows) -> (encoded map, its host address)
 _MAPS_MAX = 256
 _ENCODE = None
@@ -336,10 +343,11 @@ _ENCODE = None
 
 def tensor_map_layout(shape, rows: int) -> tuple:
     """(dims, byte strides, box) of the tensor map of a contiguous 16-bit (B, H, N, D) tensor, seen as a 3-d
-    tensor (D, N, B H) (innermost first, cuTensorMapEncodeTiled's order), read in boxes of 64 columns x ``rows``
-    rows of one head: a head's rows past N are out of bounds (zero-filled), never the next head's."""
+    tensor (D, N, B H) (innermost first, cuTensorMapEncodeTiled's order), read in boxes of tma_box_columns(D)
+    columns x ``rows`` rows of one head: a head's rows past N are out of bounds (zero-filled), never the next
+    head's."""
     B, H, N, D = (int(d) for d in shape)
-    return (D, N, B * H), (2 * D, 2 * D * N), (TMA_BOX_COLUMNS, rows, 1)
+    return (D, N, B * H), (2 * D, 2 * D * N), (tma_box_columns(D), rows, 1)
 
 
 def _libcuda():
@@ -362,8 +370,9 @@ def _driver_encode():
 
 
 def encode_tensor_map(address: int, dims, strides, box):
-    """The driver's CUtensorMap (cuTensorMapEncodeTiled) of 16-bit data at ``address``, 128-byte swizzled boxes,
-    as a NumPy array of one TMA_MAP_DTYPE element (what CuPy passes to a ``const __grid_constant__`` parameter)."""
+    """The driver's CUtensorMap (cuTensorMapEncodeTiled) of 16-bit data at ``address``, in boxes swizzled over
+    their rows (box[0] columns: 64 -> the 128-byte swizzle, 32 -> the 64-byte one), as a NumPy array of one
+    TMA_MAP_DTYPE element (what CuPy passes to a ``const __grid_constant__`` parameter)."""
     import ctypes
 
     global _ENCODE
@@ -374,7 +383,7 @@ def encode_tensor_map(address: int, dims, strides, box):
     start = (-raw.ctypes.data) % 64
     err = _ENCODE(raw.ctypes.data + start, _TMA_UINT16, rank, address, (ctypes.c_uint64 * rank)(*dims),
                   (ctypes.c_uint64 * (rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box),
-                  (ctypes.c_uint32 * rank)(*([1] * rank)), _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE_128B, _TMA_L2_256B,
+                  (ctypes.c_uint32 * rank)(*([1] * rank)), _TMA_INTERLEAVE_NONE, _TMA_SWIZZLE[box[0]], _TMA_L2_256B,
                   _TMA_OOB_ZERO)
     if err != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {err} (dims {dims}, byte strides "
@@ -384,7 +393,7 @@ def encode_tensor_map(address: int, dims, strides, box):
 
 def tensor_map(x, rows: int):
     """The tensor map of x, a contiguous 16-bit (B, H, N, D) tensor at a 16-byte aligned address, read in boxes of
-    (rows, 64) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes each once."""
+    (rows, tma_box_columns(D)) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes each once."""
     return _map_entry(x, rows)[0]
 
 

@@ -174,7 +174,7 @@ def _all_specs():
         out += [(launch_specs.naive_fwd(p), p), (launch_specs.tiled_fwd(p, vec4=D % 4 == 0), p),
                 (launch_specs.seed_nomax_fwd(p), p), (launch_specs.bwd_preprocess(p), p), (launch_specs.bwd_dkdv(p), p),
                 (launch_specs.bwd_dq(p), p)]
-    for D in (64, 128):
+    for D in (32, 64, 96, 128):
         for dtype in ("float16", "bfloat16"):
             # the tensor-core kernels: plain causal, and with every variant (window, 6 query heads on 3 K/V
             # heads, dropout with a seed past 2**32)
@@ -182,7 +182,10 @@ def _all_specs():
                       launch_specs.Problem(2, 6, 77, 130, D, dtype, 0.125, (5, 2), 3, 0.25, 2**40 + 7)):
                 out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p), (launch_specs.wgmma_ws_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
-                        (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
+                        (launch_specs.mma_bwd_dq(p), p)]
+                if D not in BACKWARD_HEAD_DIMS["wgmma-ws"]:  # the wgmma backwards pad D = 32 and 96
+                    continue
+                out += [(launch_specs.wgmma_bwd_dkdv(p), p),
                         (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
                         (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_preprocess(p), p),
                         (launch_specs.wgmma_bwd_dq_store(p), p),
@@ -429,10 +432,15 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,)  # after the 4 maps: LSE, Delta, dK, dV, dQaccum
 
 
-@pytest.mark.parametrize("D,padded", [(16, 64), (40, 64), (64, 64), (96, 128), (111, 128), (160, 256), (256, 256)])
-def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
+@pytest.mark.parametrize("D,padded,wgmma_bwd", [(16, 32, 64), (32, 32, 64), (40, 64, 64), (64, 64, 64), (80, 96, 128),
+                                                (96, 96, 128), (111, 128, 128), (160, 256, 256), (256, 256, 256)])
+def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded, wgmma_bwd):
+    """The forward tensor-core kernels and the mma backwards are compiled for D = 32, 64, 96, 128 and 256; the wgmma
+    backwards (128-byte swizzle only) for 64, 128 (and 256, the two-kernel one): D = 32 and 96 pad there."""
     assert launch_specs.padded_head_dim(D) == padded
-    assert launch_specs.padded_head_dim(min(D, 128), BACKWARD_HEAD_DIMS["wgmma-ws"]) == min(padded, 128)
+    assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS["mma"]) == padded
+    assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS["wgmma"]) == wgmma_bwd
+    assert launch_specs.padded_head_dim(min(D, 128), BACKWARD_HEAD_DIMS["wgmma-ws"]) == min(wgmma_bwd, 128)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
@@ -525,7 +533,8 @@ def test_auto_backward_above_128_runs_a_two_kernel_backward():
 
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-ws"])
 def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
-    """D = 40 and 96 run the D = 64 and 128 kernels on zero-padded copies, and hand back D columns: a stand-in
+    """D = 40 and 80 run the D = 64 and 96 kernels on zero-padded copies (the wgmma backward: 64 and 128), and hand
+    back D columns: a stand-in
     kernel (float64 attention of the arrays it is given, written into O/LSE and dQ/dK/dV) shows that the
     padding and the cutting back give the answer of the unpadded problem, forward and backward."""
     seen = []
@@ -543,7 +552,7 @@ def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
                 arrays[name].copy_(g.to(arrays[name].dtype))
 
     monkeypatch.setattr(runtime, "launch", fake_launch)
-    for D in (40, 96):
+    for D in (40, 80):
         x = make_inputs(1, 2, 33, 70, D, dtype="float32", kind="torch")
         q, k, v, do = (t.half() for t in (x["q"], x["k"], x["v"], x["do"]))
         o, lse = launch_specs.run_forward(q, k, v, CAUSAL, 0.3, kernel)
@@ -553,7 +562,8 @@ def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
         assert (o.double() - ref_o).abs().max() < 2e-3 and (lse.double() - ref_lse).abs().max() < 1e-5
         bwd = "wgmma" if kernel == "wgmma-ws" else kernel  # the forward rungs' own backward kernels
         grads = launch_specs.run_backward(q, k, v, o, lse, do, CAUSAL, 0.3, bwd)  # mma / wgmma backward
-        assert seen[-1][1] == launch_specs.padded_head_dim(D) and seen[-1][0].startswith(f"{bwd}_bwd_dq")
+        assert seen[-1][1] == launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[bwd])
+        assert seen[-1][0].startswith(f"{bwd}_bwd_dq")
         for g, r, t in zip(grads, attention_reference_grads(q, k, v, do, causal=True, softmax_scale=0.3), (q, k, v)):
             assert g.shape == t.shape and g.is_contiguous()
             assert (g.double() - r).abs().max() < 2e-2 * max(1.0, r.abs().max().item())
@@ -803,15 +813,16 @@ def test_ws_backward_tiles_of_64_and_128_queries(dtype):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 def test_backward_preprocess_delta_and_zeroed_dq_buffer(D, dtype):
     """The backwards' first step, Delta_i = rowsum(dO_i o O_i): one wide load per lane where O and dO are aligned,
-    element by element where they start 2 bytes into their buffer. wgmma_bwd_preprocess (the one-kernel
+    element by element where they start 2 bytes into their buffer (and at D = 32, 96, whose lanes read 1 or 3). wgmma_bwd_preprocess (the one-kernel
     backwards, D <= 128) also zeroes every float of the dQ buffer, filled with NaN first, the rows past Nq of its
     last block of 64 included."""
     B, H, Nq = 2, 3, 77
     p = launch_specs.Problem(B, H, Nq, Nq, D, dtype, 0.125, FULL)
-    specs = [launch_specs.mma_bwd_preprocess(p)] + ([launch_specs.wgmma_bwd_preprocess(p)] if D <= 128 else [])
+    specs = [launch_specs.mma_bwd_preprocess(p)] + \
+        ([launch_specs.wgmma_bwd_preprocess(p)] if D in BACKWARD_HEAD_DIMS["wgmma-ws"] else [])
     for offset in (0, 1):
         buf = torch.randn(2 * B * H * Nq * D + offset, device="cuda").to(getattr(torch, dtype))
         o, do = buf[offset:].view(2, B, H, Nq, D).unbind(0)

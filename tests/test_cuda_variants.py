@@ -181,7 +181,7 @@ def _check(name, out, ref, naive, floor):
 
 @gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
 def test_forward_variants(kernel, dtype, D, case):
@@ -197,10 +197,12 @@ def test_forward_variants(kernel, dtype, D, case):
 
 
 # the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the mma ones and the two-kernel
-# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks)
+# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks); the mma ones also D = 32
+# and 96 (the wgmma ones pad those)
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
                  for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA, WGMMA_FUSED, WGMMA_WS)
                  for D in (64, 128)] + \
+                [pytest.param(kernel, D, id=f"{kernel}-d{D}") for kernel in ("mma", "mma-fused") for D in (32, 96)] + \
                 [pytest.param("mma", 256, id="mma-d256"), pytest.param("mma-fused", 256, id="mma-fused-d256"),
                  pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
 
@@ -292,11 +294,11 @@ def test_rows_that_see_no_key(kernel):
 
 @gpu
 @pytest.mark.parametrize("ctas", [1, 3, 7])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("kernel", [WGMMA_WS])
 def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
     """wgmma_ws_fwd is persistent: ctas blocks walk every work item (Br query rows of one head) in turn, the ring
-    of K/V slots and the mbarriers' phases running on across items, O staged in its own tile (D 64, 128) or in
+    of K/V slots and the mbarriers' phases running on across items, O staged in its own tile (D <= 128) or in
     Q's rows (D 256, where the next Q waits for the store). With 1, 3 or 7 blocks for many items: causal with
     Nq > Nk (the first items' rows see no key: O = 0, lse = -inf, without the ring), a window with GQA and
     dropout, and a negative scale (Q's sign flipped per item), against the float64 reference. With a right

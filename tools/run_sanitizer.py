@@ -6,7 +6,7 @@ For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
 (on Hopper) in fp16 and bf16, and the seed demo kernel) and the backward kernels (fp32, mma, mma-fused and, on
 Hopper, wgmma, wgmma-fused and wgmma-ws, where they take D) at small odd shapes: N = 100 (and Nq != Nk),
-D = 64, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
+D = 32, 64, 96, 128 and 256 (and odd D for the fp32 rungs), causal and not; and the variants (a window, grouped-query
 heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
 left bound alone). --head-dims keeps only the cases of those head
@@ -26,6 +26,8 @@ CASES = [  # (B, H, Nq, Nk, D)
     (1, 1, 37, 100, 128),
     (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (the tensor-core rungs pad it to 64)
     (1, 1, 70, 100, 256),  # the tensor-core rungs' D = 256 (the wgmma backwards stop at 128: the mma one runs)
+    (1, 2, 100, 77, 96),   # D = 32 and 96: 64-byte swizzled panels (the wgmma backwards pad them to 64 and 128)
+    (1, 1, 37, 100, 32),
 ]
 
 VARIANT_CASES = [  # (B, Hq, Hk, Nq, Nk, D)
@@ -33,12 +35,16 @@ VARIANT_CASES = [  # (B, Hq, Hk, Nq, Nk, D)
     (1, 3, 1, 77, 50, 128),  # Nq > Nk
     (1, 2, 2, 130, 130, 64),
     (1, 4, 2, 90, 130, 256),
+    (2, 4, 2, 100, 137, 96),
+    (1, 4, 1, 77, 130, 32),
 ]
 VARIANT_KINDS = [  # (causal, window_size, dropout_p), one per case
     (False, (5, 2), 0.17),
     (True, (20, -1), 0.0),
     (False, (-1, -1), 0.5),
     (True, (40, -1), 0.17),
+    (False, (5, 2), 0.17),
+    (True, (20, -1), 0.17),
 ]
 
 
@@ -106,7 +112,7 @@ def inner(head_dims=None) -> int:
         sections = launch_specs.WGMMA_WS_SECTION_BYTES
         launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = 1 << 30
         try:
-            for ctas, D in ((c, D) for c in (2, 3) for D in (64, 128, 256)):
+            for ctas, D in ((c, D) for c in (2, 3) for D in (32, 64, 96, 128, 256)):
                 if head_dims and D not in head_dims:
                     continue
                 runtime.device_sms = lambda x, ctas=ctas: ctas

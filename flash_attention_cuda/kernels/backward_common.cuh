@@ -32,44 +32,56 @@ __device__ __forceinline__ void query_row(float& lse2, float& delta_i, const flo
 }
 
 // Delta_i = rowsum(dO_i o O_i) in fp32 of row r of the 16-bit (rows, D) O and dO, summed over the calling warp
-// (every lane gets it): lane l reads the E = D / 32 consecutive elements from E l, one load of 2E bytes from
-// each tensor where both bases are 2E-byte aligned (vec; the rows of 2D bytes then are too), else E of 2 bytes.
+// (every lane gets it), E = D / 32 elements a lane. D = 64, 128, 256: lane l reads the E consecutive elements from
+// E l, one load of 2E bytes from each tensor where both bases are 2E-byte aligned (vec; the rows of 2D bytes then
+// are too), else E of 2 bytes. D = 32, 96 (E = 1, 3: no load of 2E bytes): lane l reads elements l, l + 32, ..,
+// E loads of 2 bytes, each 64 consecutive bytes over the warp (vec is not used).
 template <int D, bool BF16>
 __device__ __forceinline__ float delta_row(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
                                            long long r, bool vec) {
     constexpr int E = D / 32, W = E / 2;  // elements and 32-bit words per lane
-    static_assert(E == 2 || E == 4 || E == 8, "D in {64, 128, 256}");
-    const long long at = r * D + E * (threadIdx.x % 32);
-    unsigned o[W], g[W];  // two 16-bit values a word, the first in the low half
-    if (vec) {
-        if constexpr (W == 1) {
-            o[0] = *reinterpret_cast<const unsigned*>(O + at), g[0] = *reinterpret_cast<const unsigned*>(dO + at);
-        } else if constexpr (W == 2) {
-            const uint2 a = *reinterpret_cast<const uint2*>(O + at), b = *reinterpret_cast<const uint2*>(dO + at);
-            o[0] = a.x, o[1] = a.y, g[0] = b.x, g[1] = b.y;
-        } else {
-            const uint4 a = *reinterpret_cast<const uint4*>(O + at), b = *reinterpret_cast<const uint4*>(dO + at);
-            o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, g[0] = b.x, g[1] = b.y, g[2] = b.z, g[3] = b.w;
-        }
+    static_assert(E == 1 || E == 2 || E == 3 || E == 4 || E == 8, "D in {32, 64, 96, 128, 256}");
+    if constexpr (E % 2 == 1) {
+        const long long at = r * D + threadIdx.x % 32;
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc += ptx::to_f32<BF16>(O[at + 32 * e]) * ptx::to_f32<BF16>(dO[at + 32 * e]);
+        return fa::warp_reduce_sum(acc);
     } else {
+        const long long at = r * D + E * (threadIdx.x % 32);
+        unsigned o[W], g[W];  // two 16-bit values a word, the first in the low half
+        if (vec) {
+            if constexpr (W == 1) {
+                o[0] = *reinterpret_cast<const unsigned*>(O + at), g[0] = *reinterpret_cast<const unsigned*>(dO + at);
+            } else if constexpr (W == 2) {
+                const uint2 a = *reinterpret_cast<const uint2*>(O + at), b = *reinterpret_cast<const uint2*>(dO + at);
+                o[0] = a.x, o[1] = a.y, g[0] = b.x, g[1] = b.y;
+            } else {
+                const uint4 a = *reinterpret_cast<const uint4*>(O + at), b = *reinterpret_cast<const uint4*>(dO + at);
+                o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, g[0] = b.x, g[1] = b.y, g[2] = b.z, g[3] = b.w;
+            }
+        } else {
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                o[w] = O[at + 2 * w] | (unsigned)O[at + 2 * w + 1] << 16;
+                g[w] = dO[at + 2 * w] | (unsigned)dO[at + 2 * w + 1] << 16;
+            }
+        }
+        float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w) {
-            o[w] = O[at + 2 * w] | (unsigned)O[at + 2 * w + 1] << 16;
-            g[w] = dO[at + 2 * w] | (unsigned)dO[at + 2 * w + 1] << 16;
+            acc += ptx::to_f32<BF16>((unsigned short)(o[w] & 0xffffu)) *
+                   ptx::to_f32<BF16>((unsigned short)(g[w] & 0xffffu));
+            acc += ptx::to_f32<BF16>((unsigned short)(o[w] >> 16)) * ptx::to_f32<BF16>((unsigned short)(g[w] >> 16));
         }
+        return fa::warp_reduce_sum(acc);
     }
-    float acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-        acc += ptx::to_f32<BF16>((unsigned short)(o[w] & 0xffffu)) * ptx::to_f32<BF16>((unsigned short)(g[w] & 0xffffu));
-        acc += ptx::to_f32<BF16>((unsigned short)(o[w] >> 16)) * ptx::to_f32<BF16>((unsigned short)(g[w] >> 16));
-    }
-    return fa::warp_reduce_sum(acc);
 }
 
-// whether delta_row may load 2 (D / 32) bytes at once from both O and dO
+// whether delta_row may load 2 (D / 32) bytes at once from both O and dO (D = 32, 96: it loads 2 bytes at a time)
 template <int D>
 __device__ __forceinline__ bool delta_vec(const unsigned short* O, const unsigned short* dO) {
+    if constexpr (D % 64 != 0) return false;
     return ((reinterpret_cast<unsigned long long>(O) | reinterpret_cast<unsigned long long>(dO)) % (D / 16)) == 0;
 }
 

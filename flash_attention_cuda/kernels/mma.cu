@@ -6,7 +6,8 @@
 //   cp.async            global -> shared without passing through registers; K/V tiles are
 //                       double-buffered: tile j+1 is in flight while tile j is computed
 //   XOR swizzle         16-byte chunk c of shared row r is stored at chunk c ^ (r % 8), so the 8 rows an
-//                       ldmatrix reads (or a cp.async writes) fall into 8 different bank groups
+//                       ldmatrix reads (or a cp.async writes) fall into 8 different bank groups (D = 32 and
+//                       96: the last 64 bytes of a row at c ^ ((r / 2) % 4); smem_tiles.cuh)
 // The fragment products, the softmax on fragments and the epilogue are fragments.cuh's (shared with wgmma.cu
 // and mma_backward.cu); the mask is masks.cuh's.
 //
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
             int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
             unsigned seed_lo, unsigned seed_hi) {
     using namespace frag;  // mma_abt_rows, mma_ab_rows, online_softmax, ... (fragments.cuh), ptx, tiles
-    static_assert(D % 64 == 0 && Bc % 16 == 0, "D must be a multiple of 64 and Bc of 16");
+    static_assert(D % 32 == 0 && Bc % 16 == 0, "D must be a multiple of 32 and Bc of 16");
     constexpr int WR = 16 * MT;          // query rows per warp (MT m16 tiles)
     constexpr int Br = WR * NWARPS;      // query rows per block
     constexpr int NTHREADS = NWARPS * 32;
@@ -160,6 +161,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
                                                               const unsigned short*, unsigned short*, float*, \
                                                               int, int, float, int, int, int, float, unsigned, \
                                                               unsigned);
+FA_MMA_INST(32, 128, 4, 2, false)
+FA_MMA_INST(32, 128, 4, 2, true)
+FA_MMA_INST(96, 128, 8, 1, false)
+FA_MMA_INST(96, 128, 8, 1, true)
 FA_MMA_INST(64, 128, 4, 2, false)
 FA_MMA_INST(64, 128, 4, 2, true)
 FA_MMA_INST(64, 64, 4, 2, false)
@@ -174,6 +179,10 @@ FA_MMA_INST(128, 64, 8, 1, false)
 FA_MMA_INST(128, 64, 8, 1, true)
 FA_MMA_INST(256, 64, 4, 1, false)
 FA_MMA_INST(256, 64, 4, 1, true)
+FA_MMA_DROPOUT_INST(32, 64, 4, 2, false)
+FA_MMA_DROPOUT_INST(32, 64, 4, 2, true)
+FA_MMA_DROPOUT_INST(96, 128, 8, 1, false)
+FA_MMA_DROPOUT_INST(96, 128, 8, 1, true)
 FA_MMA_DROPOUT_INST(64, 64, 4, 2, false)
 FA_MMA_DROPOUT_INST(64, 64, 4, 2, true)
 FA_MMA_DROPOUT_INST(128, 128, 8, 1, false)

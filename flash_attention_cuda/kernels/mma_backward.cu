@@ -91,8 +91,9 @@ __device__ __forceinline__ void load_a_rows(unsigned (&a)[D / 16][4], unsigned s
     for (int kk = 0; kk < D / 16; ++kk) load_a<D>(a[kk], sA, row0, kk);
 }
 
-// Shared memory of both kernels: (rows, D) 16-bit swizzled tiles, two that stay for the whole loop (STAY rows
-// each), then two streamed through two buffers each (STREAM rows each, buffer b at + b * STREAM_BYTES).
+// Shared memory of both kernels: (rows, D) 16-bit swizzled tiles (smem_tiles.cuh; D = 32, 64, 96, 128, 256), two
+// that stay for the whole loop (STAY rows each), then two streamed through two buffers each (STREAM rows each,
+// buffer b at + b * STREAM_BYTES).
 template <int D, int STAY, int STREAM>
 struct Smem {
     static constexpr unsigned STREAM_BYTES = STREAM * D * 2, BYTES = 2 * STAY * D * 2 + 4 * STREAM_BYTES;
@@ -152,7 +153,10 @@ __device__ __forceinline__ void add_dq(float* dq_rows, unsigned sdS, unsigned sK
         const int key = 16 * kk + (lane >> 4) * 8 + (lane & 7), q = 16 * rt + ((lane >> 3) & 1) * 8;
         ldmatrix_x4_trans(a[kk], sdS + key * RB + q * 2);
     }
-    constexpr int CW = WC < 64 ? WC : 64;  // columns per pass: 32 accumulator registers beside dK_j and dV_j's
+    // columns per pass: the fewest passes of at most 64 columns (32 accumulator registers beside dK_j and dV_j's;
+    // WC = 96 at D = 96: two of 48)
+    constexpr int PASSES = (WC + 63) / 64, CW = WC / PASSES;
+    static_assert(CW * PASSES == WC && CW % 16 == 0, "columns per pass");
 #pragma unroll
     for (int c = c0; c < c0 + WC; c += CW) {
         float dq[CW / 8][4];
@@ -181,7 +185,7 @@ __global__ void mma_bwd_preprocess(const unsigned short* __restrict__ O, const u
 }
 
 // The one-kernel backward's first step: Delta as mma_bwd_preprocess, and row r of dQaccum (rows, D) zeroed by
-// the same warp (D / 32 floats a lane).
+// the same warp (D / 2 float2 stores over its lanes: at D = 32 and 96 lanes 16 .. 31 store one fewer).
 template <int D, bool BF16>
 __global__ void mma_bwd_fused_preprocess(const unsigned short* __restrict__ O, const unsigned short* __restrict__ dO,
                                          float* __restrict__ Delta, float* __restrict__ dQaccum, long long rows) {
@@ -261,7 +265,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     float dk[DC / 8][4], dv[DC / 8][4];  // the warp's 16 rows of dK_j and dV_j (DC columns), summed over the group
     zero(dk);
     zero(dv);
-    // D = 64 (no dropout, no dQ sums): the warp's K_w and V_w in registers for the whole loop, 32 of them a thread
+    // D = 32 and 64 (no dropout, no dQ sums): the warp's K_w and V_w in registers for the whole loop, D / 2 of
+    // them a thread
     constexpr bool A_REGS = D <= 64 && !DROPOUT && !DQ;
     unsigned kA[A_REGS ? D / 16 : 1][4], vA[A_REGS ? D / 16 : 1][4];
     for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
@@ -436,17 +441,27 @@ __global__ void __launch_bounds__(NWARPS * 32)
     template __global__ void mma_bwd_fused<D, 4, T, BF, true, true> FA_MMA_FUSED_PARAMS;
 template __global__ void mma_bwd_dq_store<false>(const float*, unsigned short*, long long, float);
 template __global__ void mma_bwd_dq_store<true>(const float*, unsigned short*, long long, float);
+FA_MMA_FUSED_INST(32, 64, false)
+FA_MMA_FUSED_INST(32, 64, true)
 FA_MMA_FUSED_INST(64, 64, false)
 FA_MMA_FUSED_INST(64, 64, true)
+FA_MMA_FUSED_INST(96, 64, false)
+FA_MMA_FUSED_INST(96, 64, true)
 FA_MMA_FUSED_INST(128, 64, false)
 FA_MMA_FUSED_INST(128, 64, true)
 FA_MMA_FUSED_INST(256, 32, false)
 FA_MMA_FUSED_INST(256, 32, true)
+FA_MMA_BWD_INST(32, 64, false)
+FA_MMA_BWD_INST(32, 64, true)
 FA_MMA_BWD_INST(64, 64, false)
 FA_MMA_BWD_INST(64, 64, true)
+FA_MMA_BWD_INST(96, 64, false)
+FA_MMA_BWD_INST(96, 64, true)
 FA_MMA_BWD_INST(128, 64, false)
 FA_MMA_BWD_INST(128, 64, true)
+FA_MMA_BWD_GQA_DROPOUT_INST(32, 64, false)
 FA_MMA_BWD_GQA_DROPOUT_INST(64, 64, false)
+FA_MMA_BWD_GQA_DROPOUT_INST(96, 64, true)
 FA_MMA_BWD_GQA_DROPOUT_INST(128, 64, true)
 FA_MMA_BWD_INST(256, 32, false)
 FA_MMA_BWD_INST(256, 32, true)

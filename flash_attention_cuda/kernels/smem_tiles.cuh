@@ -7,29 +7,67 @@ namespace tiles {
 
 using namespace ptx;
 
-// byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows hold D halves
+// byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows hold D halves.
+// D a multiple of 64: chunk c of each 128-byte group of 8 chunks sits at c ^ (r % 8), so the 8 rows an ldmatrix
+// reads (rows r .. r + 7, one chunk each) fall into 8 different 16-byte bank groups.
+// D = 32 or 96 (rows of 64 or 192 bytes): the last 64 bytes of a row (4 chunks) cannot take an XOR with r % 8
+// (it would leave the row); they take the 64-byte swizzle, chunk c at c ^ ((r / 2) % 4): two rows then share a
+// 128-byte line, (r % 2, (r / 2) % 4) tells 8 rows apart, and 8 rows again hit 8 bank groups.
 template <int D>
 __device__ __forceinline__ unsigned swz(int row, int chunk) {
-    return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
+    static_assert(D % 32 == 0, "rows of a multiple of 64 bytes");
+    if constexpr (D % 64 == 0) {
+        return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
+    } else {
+        constexpr int WHOLE = D / 64 * 8;  // chunks in whole 128-byte groups
+        const int c = chunk < WHOLE ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
+        return row * (D * 2) + (c << 4);
+    }
 }
 
 // async copy of rows [row0, row0 + ROWS) of a (N, D) half matrix into a swizzled tile; rows >= N -> 0.
-// Thread tid always moves chunk c = tid % CHUNKS of rows r0 + i * STEP (r0 = tid / CHUNKS). When STEP is a
-// multiple of 8 the swizzle term (r & 7) is the same for all of them and the addresses are simple; otherwise
-// (D = 256 with 128 threads: STEP = 4) each row's address is swizzled on its own.
+// Where a row's CHUNKS = D / 8 chunks divide the block, thread tid always moves chunk c = tid % CHUNKS of rows
+// r0 + i * STEP (r0 = tid / CHUNKS). When STEP is a multiple of 8 the swizzle term (r & 7) is the same for all of
+// them and the addresses are simple; otherwise (D = 256 with 128 threads: STEP = 4) each row's address is swizzled
+// on its own. D = 96 (12 chunks a row, which do not divide the block): the first 8 chunks of each row as above,
+// then the last 4 (STEP and TSTEP multiples of 8, so the swizzle term again stays the same over a thread's rows).
 template <int ROWS, int D, int NTHREADS>
 __device__ __forceinline__ void load_tile_async(unsigned tile, const unsigned short* __restrict__ x, int row0,
                                                 int N) {
     constexpr int CHUNKS = D / 8;             // 16-byte chunks per row
-    constexpr int STEP = NTHREADS / CHUNKS;   // rows covered by one pass of the block
-    static_assert(NTHREADS % CHUNKS == 0 && ROWS % STEP == 0, "tile shape");
-    const int r0 = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
-    const unsigned short* src = x + (long long)(row0 + r0) * D + c * 8;
+    if constexpr (NTHREADS % CHUNKS == 0) {
+        constexpr int STEP = NTHREADS / CHUNKS;   // rows covered by one pass of the block
+        static_assert(ROWS % STEP == 0, "tile shape");
+        const int r0 = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const unsigned short* src = x + (long long)(row0 + r0) * D + c * 8;
 #pragma unroll
-    for (int i = 0; i < ROWS / STEP; ++i) {
-        const bool in = row0 + r0 + i * STEP < N;
-        const unsigned dst = STEP % 8 == 0 ? tile + swz<D>(r0, c) + i * STEP * D * 2 : tile + swz<D>(r0 + i * STEP, c);
-        cp_async_16(dst, in ? src + (long long)i * STEP * D : x, in ? 16 : 0);
+        for (int i = 0; i < ROWS / STEP; ++i) {
+            const bool in = row0 + r0 + i * STEP < N;
+            const unsigned dst =
+                STEP % 8 == 0 ? tile + swz<D>(r0, c) + i * STEP * D * 2 : tile + swz<D>(r0 + i * STEP, c);
+            cp_async_16(dst, in ? src + (long long)i * STEP * D : x, in ? 16 : 0);
+        }
+    } else {  // D = 96: the 128-byte groups of every row, then the 64-byte tails, each with simple addresses
+        constexpr int WHOLE = D / 64 * 8, STEP = NTHREADS / WHOLE, TSTEP = NTHREADS / 4;
+        static_assert(WHOLE > 0 && ROWS % STEP == 0 && ROWS % TSTEP == 0, "tile shape");
+        {
+            const int r0 = threadIdx.x / WHOLE, c = threadIdx.x % WHOLE;
+            const unsigned short* src = x + (long long)(row0 + r0) * D + c * 8;
+#pragma unroll
+            for (int i = 0; i < ROWS / STEP; ++i) {
+                const bool in = row0 + r0 + i * STEP < N;
+                cp_async_16(tile + swz<D>(r0, c) + i * STEP * D * 2, in ? src + (long long)i * STEP * D : x,
+                            in ? 16 : 0);
+            }
+        }
+        const int r0 = threadIdx.x / 4, c = WHOLE + threadIdx.x % 4;
+        const unsigned short* src = x + (long long)(row0 + r0) * D + c * 8;
+#pragma unroll
+        for (int i = 0; i < ROWS / TSTEP; ++i) {
+            const bool in = row0 + r0 + i * TSTEP < N;
+            cp_async_16(tile + swz<D>(r0, c) + i * TSTEP * D * 2, in ? src + (long long)i * TSTEP * D : x,
+                        in ? 16 : 0);
+        }
     }
 }
 

@@ -3,9 +3,9 @@
 // (wgmma_backward.cu).
 //
 //   TMA      cp.async.bulk.tensor: one thread asks the copy engine for a whole box of a tensor (here 64 columns x
-//            ROWS rows of one head), described by a 128-byte "tensor map" the host encodes once per tensor
-//            (cuTensorMapEncodeTiled, runtime.tensor_map). The engine writes the box into shared memory already
-//            in the 128-byte swizzle the wgmma descriptors read (wgmma_ops.cuh: sw128), fills rows past the
+//            ROWS rows of one head; 32 columns at D = 32 and 96), described by a 128-byte "tensor map" the host
+//            encodes once per tensor (cuTensorMapEncodeTiled, runtime.tensor_map). The engine writes the box into shared memory already
+//            in the swizzle the wgmma descriptors read (wgmma_ops.cuh: Panels, swizzle), fills rows past the
 //            tensor's end with zeros, and reports the bytes it wrote on an mbarrier.
 //   mbarrier a 64-bit barrier in shared memory with a phase bit: it completes a phase when `count` threads have
 //            arrived AND the bytes announced by arrive_expect_tx have landed. Waiting names the phase's parity,
@@ -17,6 +17,7 @@
 // A tensor map is a kernel parameter passed by value (`const __grid_constant__ TmaMap`), so the copy engine
 // reads it from the parameter space; no host header is included: NVRTC and nvcc compile this alike.
 #pragma once
+#include "wgmma_ops.cuh"
 
 namespace tma {
 
@@ -61,12 +62,14 @@ __device__ __forceinline__ void prefetch_map(const TmaMap& map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
 }
 
-// rows [row0, row0 + ROWS) of head `head` of a (heads, N, D) tensor as D / 64 swizzled panels of (ROWS, 64) at
-// tile (wgmma_ops.cuh's layout), all reported on bar
+// rows [row0, row0 + ROWS) of head `head` of a (heads, N, D) tensor as swizzled column panels of (ROWS, COLS) at
+// tile (wgmma_ops.cuh's layout: COLS = 64 columns, 128-byte swizzle, where D is a multiple of 64; else 32 columns,
+// 64-byte swizzle: the box and swizzle the host encodes in the map, runtime.tensor_map_layout), all reported on bar
 template <int ROWS, int D>
 __device__ __forceinline__ void load_tile(unsigned tile, const TmaMap& map, int row0, int head, unsigned bar) {
+    using P = wgmma_ops::Panels<D>;
 #pragma unroll
-    for (int p = 0; p < D / 64; ++p) load_box(tile + p * ROWS * 128, map, 64 * p, row0, head, bar);
+    for (int p = 0; p < D / P::COLS; ++p) load_box(tile + p * ROWS * P::ROW_BYTES, map, P::COLS * p, row0, head, bar);
 }
 
 __device__ __forceinline__ void named_sync(int id, int threads) {

@@ -4,7 +4,7 @@
 // for. mma.sync (rung 3) is a warp-wide, synchronous 16x8x16 product whose operands pass through the
 // warp's registers; wgmma is issued by a *warpgroup* (4 warps, 128 threads), is asynchronous, and reads its
 // shared-memory operands (here Q, K and V) straight from shared memory through matrix descriptors. The
-// instructions, the 128-byte-swizzled tiles they read and the two products (issue_abt: S = Q K^T; issue_ab:
+// instructions, the swizzled tiles they read and the two products (issue_abt: S = Q K^T; issue_ab:
 // O += P V) are in wgmma_ops.cuh, shared with the backward (wgmma_backward.cu).
 //
 // Work split: grid = (ceil(Nq / Br), B * Hq), NWG warpgroups per block, Br = 64 * NWG query rows; warpgroup
@@ -32,7 +32,7 @@
 
 namespace wgmma_detail {
 
-using namespace wgmma_ops;  // load_tile_async, sw128, fences, pin, issue_abt, issue_ab
+using namespace wgmma_ops;  // load_tile_async, Panels, swizzle, fences, pin, issue_abt, issue_ab
 
 // One K/V tile's online softmax on this warp's 16 rows of the warpgroup's 64 (frag::online_softmax on the flat
 // accumulator, whose element i is element i % 4 of n8 tile i / 4), S_ij -> P_ij in place
@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
               int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
               unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_detail;
-    static_assert((D == 64 || D == 128 || D == 256) && (Bc == 64 || Bc == 128), "D in {64, 128, 256}, Bc in {64, 128}");
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && (Bc == 64 || Bc == 128),
+                  "D in {32, 64, 96, 128, 256}, Bc in {64, 128}");
     constexpr int Br = 64 * NWG;  // query rows per block
     constexpr int NT = NWG * 128;
     constexpr unsigned KV_BYTES = Bc * D * 2;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     const frag::ScoreScale sc = frag::score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
     const int wrow = 64 * wg + 16 * (warp % 4);  // the warp's first row in the block
     const int row0 = q0 + wrow;                   // ... and in the head
-    const unsigned sQ_wg = sQ + 64 * wg * 128;    // this warpgroup's 64 rows of each Q panel
+    const unsigned sQ_wg = sQ + 64 * wg * Panels<D>::ROW_BYTES;  // this warpgroup's 64 rows of each Q panel
     const frag::RowKeys rk = frag::row_keys(mask, row0, blk.kv0);  // the keys this thread's rows see
     const frag::Dropout dp = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
 
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     cp_async_wait<1>();  // Q and K_0 (this thread's copies)
     if (sc.q_sign != 0) {  // scale < 0: flip the sign of this thread's own chunks of Q (fragments.cuh)
         for (int e = tid; e < Br * (D / 8); e += NT)
-            frag::apply_sign(*reinterpret_cast<uint4*>(smem + sw128<Br>(e / (D / 8), e % (D / 8))), sc.q_sign);
+            frag::apply_sign(*reinterpret_cast<uint4*>(smem + swizzle<Br, D>(e / (D / 8), e % (D / 8))), sc.q_sign);
     }
     fence_proxy_async();
     __syncthreads();
@@ -158,9 +159,9 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     float inv_l[2];
     frag::finish_rows(inv_l, l_i, m_i, LSE + bh * Nq, row0, Nq);
     frag::stage_rows<D, BF16>(reinterpret_cast<float (&)[D / 8][4]>(acc), inv_l,
-                              [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
+                              [&](int r, int c) { return smem + swizzle<Br, D>(wrow + r, c); });
     __syncwarp();
-    frag::store_staged<16, D>(o, row0, Nq, [&](int r, int c) { return smem + sw128<Br>(wrow + r, c); });
+    frag::store_staged<16, D>(o, row0, Nq, [&](int r, int c) { return smem + swizzle<Br, D>(wrow + r, c); });
 }
 
 #ifndef __CUDACC_RTC__
@@ -174,6 +175,10 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                                                              const unsigned short*, unsigned short*, float*,    \
                                                              int, int, float, int, int, int, float, unsigned,   \
                                                              unsigned);
+FA_WGMMA_INST(32, 64, 2, false)
+FA_WGMMA_INST(32, 64, 2, true)
+FA_WGMMA_INST(96, 128, 2, false)
+FA_WGMMA_INST(96, 128, 2, true)
 FA_WGMMA_INST(64, 128, 2, false)
 FA_WGMMA_INST(64, 128, 2, true)
 FA_WGMMA_INST(128, 128, 2, false)
@@ -185,6 +190,10 @@ FA_WGMMA_INST(128, 64, 2, false)
 FA_WGMMA_INST(128, 64, 3, false)
 FA_WGMMA_INST(256, 64, 2, false)
 FA_WGMMA_INST(256, 64, 2, true)
+FA_WGMMA_DROPOUT_INST(32, 64, 2, false)
+FA_WGMMA_DROPOUT_INST(32, 64, 2, true)
+FA_WGMMA_DROPOUT_INST(96, 128, 2, false)
+FA_WGMMA_DROPOUT_INST(96, 128, 2, true)
 FA_WGMMA_DROPOUT_INST(64, 64, 2, false)
 FA_WGMMA_DROPOUT_INST(64, 64, 2, true)
 FA_WGMMA_DROPOUT_INST(128, 128, 2, false)

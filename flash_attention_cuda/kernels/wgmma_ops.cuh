@@ -8,10 +8,12 @@
 //   wgmma.fence                       order register writes (rescaled accumulators, new A fragments) first
 //   fence.proxy.async                 make cp.async's writes to shared memory visible to the tensor cores
 //
-// Shared-memory tiles use the 128-byte swizzle the descriptors understand: a (ROWS, D) tile is stored as
-// D/64 column panels of (ROWS, 64); a panel row is 128 bytes, 8 rows make a 1024-byte "swizzle atom", and
-// 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the XOR keeps ldmatrix-like 8-row reads and the
-// cp.async writes free of bank conflicts). Tiles start 1024-byte aligned.
+// Shared-memory tiles use a swizzle the descriptors understand: a (ROWS, D) tile is stored as column panels of
+// (ROWS, Panels<D>::COLS). Where D is a multiple of 64 (64, 128, 256) a panel has 64 columns: a panel row is 128
+// bytes, 8 rows make a 1024-byte "swizzle atom", and 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the
+// 128-byte swizzle; the XOR keeps ldmatrix-like 8-row reads and the cp.async writes free of bank conflicts). At
+// D = 32 and 96 a panel has 32 columns: rows of 64 bytes, atoms of 512, chunk c of row r at c ^ ((r / 2) % 4)
+// (the 64-byte swizzle). Tiles start 1024-byte aligned.
 //
 // The two products every FlashAttention kernel is made of, for one warpgroup's 64 rows (named as
 // fragments.cuh names the mma.sync ones):
@@ -29,10 +31,32 @@ namespace wgmma_ops {
 
 using namespace ptx;  // smem_u32, cp_async_*, pack2, fast_exp2
 
+// The column panels of a (ROWS, D) tile: 64 columns (the 128-byte swizzle) where D is a multiple of 64, else 32
+// (the 64-byte swizzle: D = 32, 96)
+template <int D>
+struct Panels {
+    static_assert(D % 32 == 0, "D a multiple of 32");
+    static constexpr int COLS = D % 64 == 0 ? 64 : 32;  // columns of a panel
+    static constexpr int ROW_BYTES = 2 * COLS;          // a panel row: the swizzle's span, 128 or 64 bytes
+    static constexpr int ATOM = 8 * ROW_BYTES;          // 8 rows: the step between 8-row groups (descriptor SBO)
+    static constexpr int KSTEPS = COLS / 16;            // k16 steps in a panel
+    static constexpr unsigned long long MODE = D % 64 == 0 ? 1 : 2;  // descriptor bits 62-63: 128 B, 64 B
+};
+
 // byte offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a 128-byte-swizzled (ROWS, D) tile
 template <int ROWS>
 __device__ __forceinline__ unsigned sw128(int row, int chunk) {
     return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+// ... in a (ROWS, D) tile of Panels<D>: sw128 where D is a multiple of 64, else the 64-byte swizzle's
+// (32-column panels; chunk c of row r at c ^ ((r / 2) % 4))
+template <int ROWS, int D>
+__device__ __forceinline__ unsigned swizzle(int row, int chunk) {
+    if constexpr (D % 64 == 0) {
+        return sw128<ROWS>(row, chunk);
+    } else {
+        return (chunk >> 2) * (ROWS * 64) + row * 64 + (((chunk & 3) ^ ((row >> 1) & 3)) << 4);
+    }
 }
 
 // async copy of rows [row0, row0 + ROWS) of a (N, D) 16-bit matrix into a swizzled tile; rows >= N -> 0.
@@ -46,19 +70,21 @@ __device__ __forceinline__ void load_tile_async(unsigned tile, const unsigned sh
         const int e = threadIdx.x + i * NTHREADS, r = e / CHUNKS, c = e % CHUNKS;
         if (TOTAL % NTHREADS == 0 || e < TOTAL) {
             const bool in = row0 + r < N;
-            cp_async_16(tile + sw128<ROWS>(r, c), in ? x + (long long)(row0 + r) * D + c * 8 : x, in ? 16 : 0);
+            cp_async_16(tile + swizzle<ROWS, D>(r, c), in ? x + (long long)(row0 + r) * D + c * 8 : x, in ? 16 : 0);
         }
     }
 }
 
 // wgmma matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address >> 4,
-// 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 62-63 swizzle (1 = 128 B).
-//   K-major operand (Q, K: rows of D contiguous halves): SBO = 1024, the step between 8-row atoms; LBO unused.
-//   MN-major operand (V read as B[k = key][n = d]): SBO = 1024, the step between groups of 8 keys;
-//   LBO = the step between 64-column panels along d.
-__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+// 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 62-63 swizzle (mode 1 =
+// 128 B, 2 = 64 B). With an atom of 8 rows (1024 bytes at 128 B, 512 at 64 B):
+//   K-major operand (Q, K: rows of D contiguous halves): SBO = the atom, the step between 8-row atoms; LBO unused.
+//   MN-major operand (V read as B[k = key][n = d]): SBO = the atom, the step between groups of 8 keys;
+//   LBO = the step between column panels along d.
+__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo,
+                                                        unsigned long long mode = 1) {
     return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -92,6 +118,10 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
 #define FA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_D48 FA_D32, FA_D8(32), FA_D8(40)
+#define FA_R48 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define FA_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -163,7 +193,11 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long lon
 }
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
-    static_assert(N == 64 || N == 128, "n64 or n128");
+    static_assert(N == 32 || N == 64 || N == 96 || N == 128, "n32, n64, n96 or n128");
+    if constexpr (N == 32 && !BF16) FA_WGMMA_RS(32, ".f16.f16", FA_R16, FA_D16, 16, 17, 18, 19, 20, 21);
+    if constexpr (N == 32 && BF16) FA_WGMMA_RS(32, ".bf16.bf16", FA_R16, FA_D16, 16, 17, 18, 19, 20, 21);
+    if constexpr (N == 96 && !BF16) FA_WGMMA_RS(96, ".f16.f16", FA_R48, FA_D48, 48, 49, 50, 51, 52, 53);
+    if constexpr (N == 96 && BF16) FA_WGMMA_RS(96, ".bf16.bf16", FA_R48, FA_D48, 48, 49, 50, 51, 52, 53);
     if constexpr (N == 64 && !BF16) FA_WGMMA_RS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
     if constexpr (N == 64 && BF16) FA_WGMMA_RS(64, ".bf16.bf16", FA_R32, FA_D32, 32, 33, 34, 35, 36, 37);
     if constexpr (N == 128 && !BF16) FA_WGMMA_RS(128, ".f16.f16", FA_R64, FA_D64, 64, 65, 66, 67, 68, 69);
@@ -174,13 +208,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[
 
 // d (64 x R) = A B^T for a warpgroup: D / 16 k-steps of m64n(R)k16, both operands K-major in shared memory.
 // sA_wg: row 0 of the warpgroup's 64 rows in a (A_ROWS, D) tile; sB: a (R, D) tile. k-step kk reads columns
-// 16kk .. 16kk + 15: panel kk / 4, byte 32 * (kk % 4) of its 128-byte rows. Committed as one group.
+// 16kk .. 16kk + 15: panel kk / KS, byte 32 * (kk % KS) of its rows (KS = 4 k-steps in a 64-column panel's 128-byte
+// rows, 2 in a 32-column panel's 64). Committed as one group.
 template <int D, int A_ROWS, int R, bool BF16>
 __device__ __forceinline__ void issue_abt(float (&d)[R / 2], unsigned sA_wg, unsigned sB) {
+    using P = Panels<D>;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        const unsigned long long da = make_desc(sA_wg + (kk / 4) * A_ROWS * 128 + (kk % 4) * 32, 16, 1024);
-        const unsigned long long db = make_desc(sB + (kk / 4) * R * 128 + (kk % 4) * 32, 16, 1024);
+        const int panel = kk / P::KSTEPS, at = (kk % P::KSTEPS) * 32;
+        const unsigned long long da = make_desc(sA_wg + panel * A_ROWS * P::ROW_BYTES + at, 16, P::ATOM, P::MODE);
+        const unsigned long long db = make_desc(sB + panel * R * P::ROW_BYTES + at, 16, P::ATOM, P::MODE);
         wgmma_ss<R, BF16>(d, da, db, kk > 0);
     }
     wgmma_commit();
@@ -188,18 +225,21 @@ __device__ __forceinline__ void issue_abt(float (&d)[R / 2], unsigned sA_wg, uns
 
 // d (64 x D) += A B for a warpgroup: R / 16 k-steps of m64n(D)k16, A (64 x R) as fp16/bf16 fragments in
 // registers, B = a (R, D) tile read MN-major (its rows are the k index); k-step kk takes rows 16kk .. 16kk + 15
-// = two 8-row atoms (2048 bytes of a panel), LBO = R * 128 steps between the 64-column panels along D.
+// = two 8-row atoms (16 panel rows: 2048 bytes at 128 B a row, 1024 at 64), LBO = R * (panel row) steps between
+// the column panels along D (D = 96: one m64n96k16 over three 32-column panels).
 // D = 256 is two m64n128k16 per k-step, on columns 0 .. 127 (panels 0, 1; d[0 .. 63]) and 128 .. 255 (panels 2,
 // 3; d[64 .. 127]): an accumulator's flat index runs along the columns, 4 per n8 tile. Committed as one group.
 template <int D, int R, bool BF16>
 __device__ __forceinline__ void issue_ab(float (&d)[D / 2], const unsigned (&a)[R / 16][4], unsigned sB) {
+    using P = Panels<D>;
     constexpr int N = D <= 128 ? D : 128;  // columns per instruction
 #pragma unroll
     for (int kk = 0; kk < R / 16; ++kk)
 #pragma unroll
         for (int h = 0; h < D / N; ++h)
             wgmma_rs<N, BF16>(reinterpret_cast<float (&)[N / 2]>(d[h * (N / 2)]), a[kk],
-                              make_desc(sB + h * (N / 64) * R * 128 + kk * 2048, R * 128, 1024));
+                              make_desc(sB + h * (N / P::COLS) * R * P::ROW_BYTES + kk * 16 * P::ROW_BYTES,
+                                        R * P::ROW_BYTES, P::ATOM, P::MODE));
     wgmma_commit();
 }
 

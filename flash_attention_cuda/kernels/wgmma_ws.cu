@@ -31,7 +31,7 @@
 // the same products from wgmma_ops.cuh, the same masks.cuh rule and tile ranges, GQA and dropout).
 //
 // The tensor maps (runtime.tensor_map) describe q as (B Hq, Nq, D) and k, v as (B Hk, Nk, D) 16-bit tensors
-// with boxes of 64 columns: the copy engine zero-fills rows past Nq or Nk of a head (never the next head's),
+// with boxes of 64 columns (32 at D = 32 and 96): the copy engine zero-fills rows past Nq or Nk of a head (never the next head's),
 // and a K/V head is addressed by its index bh / group (grouped-query attention: no copy).
 //
 // The block is PERSISTENT: the grid has one block per SM (or fewer), and each block walks its share of the
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi, int BH, int heads_per_section, int walk_len) {
     using namespace wgmma_ops;
-    static_assert(D == 64 || D == 128 || D == 256, "D in {64, 128, 256}");
+    static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "D in {32, 64, 96, 128, 256}");
     static_assert(Bc == 64 || Bc == 128 || Bc == 160 || Bc == 176 || Bc == 192, "Bc in {64, 128, 160, 176, 192}");
     static_assert((CWG == 2 || CWG == 3) && STAGES >= 2, "2 or 3 consumer warpgroups, at least 2 stages");
     constexpr int Br = 64 * CWG;        // query rows per work item
@@ -183,9 +183,9 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
         const bool lane0 = tid % 32 == 0;              // frees slots for its warp
         const int my_turn = 1 + cwg, next_turn = 1 + (cwg + 1) % CWG;  // named barriers of the ping-pong
         const int wrow = 64 * cwg + 16 * (warp % 4);  // the warp's first row in the item
-        const unsigned sQ_wg = sQ + 64 * cwg * 128;   // this warpgroup's 64 rows of each Q panel
+        const unsigned sQ_wg = sQ + 64 * cwg * Panels<D>::ROW_BYTES;  // this warpgroup's 64 rows of each Q panel
         const frag::ScoreScale sc = frag::score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
-        auto staged = [&](int r, int c) { return sO + sw128<Br>(wrow + r, c); };  // the warp's rows of O
+        auto staged = [&](int r, int c) { return sO + swizzle<Br, D>(wrow + r, c); };  // the warp's rows of O
 
         // items whose rows see no key: O = 0, lse = -inf
         for (int k = 0;; ++k) {
@@ -222,8 +222,9 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             tma::mbar_wait(q_full, qi & 1);
             if (sc.q_sign != 0) {  // scale < 0: flip the sign of the warpgroup's own rows of Q (fragments.cuh)
                 for (int e = tid % 128; e < 64 * (D / 8); e += 128)
-                    frag::apply_sign(*reinterpret_cast<uint4*>(smem + sw128<Br>(64 * cwg + e / (D / 8), e % (D / 8))),
-                                     sc.q_sign);
+                    frag::apply_sign(
+                        *reinterpret_cast<uint4*>(smem + swizzle<Br, D>(64 * cwg + e / (D / 8), e % (D / 8))),
+                        sc.q_sign);
                 fence_proxy_async();                   // visible to the tensor cores ...
                 tma::named_sync(1 + CWG + cwg, 128);   // ... and done by the whole warpgroup
             }
@@ -315,6 +316,14 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
      unsigned, int, int, int);
 #define FA_WGMMA_WS_INST(D, Bc, CWG, ST, BF, DROP, OWN) \
     template __global__ void wgmma_ws_fwd<D, Bc, CWG, ST, BF, DROP, OWN> FA_WGMMA_WS_PARAMS
+FA_WGMMA_WS_INST(32, 128, 3, 2, false, false, true)
+FA_WGMMA_WS_INST(32, 128, 3, 2, true, false, true)
+FA_WGMMA_WS_INST(96, 128, 2, 2, false, false, true)
+FA_WGMMA_WS_INST(96, 128, 2, 2, true, false, true)
+FA_WGMMA_WS_INST(32, 128, 2, 2, false, true, true)
+FA_WGMMA_WS_INST(32, 128, 2, 2, true, true, true)
+FA_WGMMA_WS_INST(96, 128, 2, 2, false, true, true)
+FA_WGMMA_WS_INST(96, 128, 2, 2, true, true, true)
 FA_WGMMA_WS_INST(64, 128, 3, 2, false, false, true)
 FA_WGMMA_WS_INST(64, 128, 3, 2, true, false, true)
 FA_WGMMA_WS_INST(128, 128, 2, 2, false, false, true)
