@@ -766,6 +766,60 @@ def hdim256_figures(R):
             ("docs/performance.md", n1024)]
 
 
+HEAD_DIMS = "cuda/head_dims_32_96"  # D = 32 and 96 compiled (e7780d6) and zero-padded (3c96b59), hopper preset rows
+
+
+def _head_dim_rows(R, run, D):
+    """The rows of head_dims_32_96/<run>_<D>/hopper_summary.json (run 'head_dim' or 'padded_head_dim')."""
+    return R.json(f"{HEAD_DIMS}/{run}_{D}/hopper_summary.json")["rows"]
+
+
+def _head_dim_ab(R, D):
+    """{(mode, causal): (padded row's tflops, compiled row's tflops)} at fp16 N = 4096, the shapes both runs timed."""
+    pick = lambda run: {(r["mode"], r["causal"]): r["tflops"] for r in _head_dim_rows(R, run, D)  # noqa: E731
+                        if r["dtype"] == "float16" and r["N"] == 4096}
+    old, new = pick("padded_head_dim"), pick("head_dim")
+    return {k: (old[k], new[k]) for k in new}
+
+
+def t_head_dims(R, lang):
+    """D = 32 and 96, fp16 B4 H16 N4096, through the public functions: each CUDA rung's TFLOP/s zero-padded to 64
+    and 128 (commit 3c96b59) -> compiled for D (e7780d6), and FA2's and cuDNN's in the compiled run."""
+    out = []
+    for D in (32, 96):
+        for (mode, causal), (old, new) in sorted(_head_dim_ab(R, D).items(), key=lambda kv: (kv[0][0] != "fwd", kv[0][1])):
+            row = [D, mode, H(lang, "yes" if causal else "no", "是" if causal else "否"), f0(new["sdpa-flash"]),
+                   f0(new["sdpa-cudnn"])]
+            row += [f"{f0(old[b])} → {f0(new[b])} ({f2(new[b] / old[b])}×)" for b in CUDA_RUNGS]
+            out.append(row)
+    header = ["D", H(lang, "mode", "模式"), H(lang, "causal", "因果"), "FA2", "cuDNN"] + list(CUDA_RUNGS)
+    return table(header, out, right={3, 4, 5, 6, 7})
+
+
+def head_dims_figures(R):
+    """The D = 32 / 96 figures quoted in prose: the forward against FA2 and cuDNN (every row of the compiled run),
+    and what compiling them gained over padding (fp16 N = 4096)."""
+    def vs(D, mode, name, den):
+        return span([r["tflops"][name] / r["tflops"][den] for r in _head_dim_rows(R, "head_dim", D)
+                     if r["mode"] == mode], f2, "×")
+
+    def gain(mode, name):
+        return span([new[name] / old[name] for D in (32, 96) for (m, _), (old, new) in _head_dim_ab(R, D).items()
+                     if m == mode], f2, "×")
+
+    fwd = " and ".join(f"{vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2, {vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-cudnn')} "
+                       f"cuDNN at D = {D}" for D in (96, 32))
+    won = (f"{gain('fwd', 'cuda-wgmma-ws')} the padded forward (cuda-wgmma-ws), {gain('fwd', 'cuda-mma')} (cuda-mma); "
+           f"the mma backward {gain('bwd', 'cuda-mma')}")
+    mma_bwd = f"{vs(32, 'bwd', 'cuda-mma', 'sdpa-flash')} FA2 at D = 32 and {vs(96, 'bwd', 'cuda-mma', 'sdpa-flash')} at D = 96"
+    ws_bwd = (f"{vs(96, 'bwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2 at D = 96 but "
+              f"{vs(32, 'bwd', 'cuda-wgmma-ws', 'sdpa-flash')} at D = 32")
+    return [("docs/performance.md", fwd), ("docs/performance.md", won), ("docs/performance.md", mma_bwd),
+            ("docs/performance.md", ws_bwd),
+            ("README.md", fwd), ("docs/backend_cuda.md", fwd), ("docs/backend_cuda.md", won),
+            ("docs/results/cuda/README.md", fwd)]
+
+
 TABLES = {
     "hdim256": t_hdim256,
     "cpu-memory": t_cpu_memory,
@@ -787,6 +841,7 @@ TABLES = {
     "forward-persistent": t_forward_persistent,
     "forward-tiles": t_forward_tiles,
     "forward-rescale-order": t_forward_rescale_order,
+    "head-dims-32-96": t_head_dims,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -1082,7 +1137,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
