@@ -141,12 +141,11 @@ _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # that is 256 registers a thread, more than a thread has. The two-kernel backwards (mma, wgmma) then split the
 # columns of dK and dV over two blocks, each computing S and dP once more; the one-kernel wgmma backwards
 # (wgmma-fused, wgmma-ws), whose dQ product shares the tile, stop at 128, and kernel='auto' runs the two-kernel
-# wgmma backward above it on a Hopper. The wgmma backwards keep the 128-byte swizzle throughout: they take D = 64,
-# 128 (and 256), and pad D = 32 and 96.
+# wgmma backward above it on a Hopper. The one-kernel wgmma backwards cut their dS and dQ tiles into pieces of
+# 64-column panels: they take D = 64 and 128, and pad D = 32 and 96 (to 64 and 128).
 TENSOR_CORE_HEAD_DIMS = (32, 64, 96, 128, 256)
-WGMMA_BACKWARD_HEAD_DIMS = (64, 128, 256)
 WGMMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
-BACKWARD_HEAD_DIMS = {"wgmma": WGMMA_BACKWARD_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
+BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
                       "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS,
                       "mma-fused": TENSOR_CORE_HEAD_DIMS}
 _TC_MAX_D = TENSOR_CORE_HEAD_DIMS[-1]

@@ -99,7 +99,8 @@ MMA_BACKWARD_CONFIGS = {32: (4, 64), 64: (4, 64), 96: (4, 64), 128: (4, 64), 256
 # (dK and dV's 128 columns; dQ's 256) leave room for S and dP (16 each; tiles of 64 rows spill 150-700 bytes);
 # 192 KiB of shared memory; the dK/dV kernel splits dK, dV's columns over two blocks. Two warpgroups ran 1.6-1.7x
 # one (tools/cuda_backward_kernels.py --head-dims 256, H100).
-WGMMA_BACKWARD_CONFIGS = {64: (2, 64), 128: (2, 64), 256: (2, 32)}
+# D = 32 and 96 (not swept): the tiles of D = 64 and 128.
+WGMMA_BACKWARD_CONFIGS = {32: (2, 64), 64: (2, 64), 96: (2, 64), 128: (2, 64), 256: (2, 32)}
 
 
 class Problem(NamedTuple):

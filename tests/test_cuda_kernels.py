@@ -182,11 +182,11 @@ def _all_specs():
                       launch_specs.Problem(2, 6, 77, 130, D, dtype, 0.125, (5, 2), 3, 0.25, 2**40 + 7)):
                 out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p), (launch_specs.wgmma_ws_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
-                        (launch_specs.mma_bwd_dq(p), p)]
-                if D not in BACKWARD_HEAD_DIMS["wgmma-ws"]:  # the wgmma backwards pad D = 32 and 96
+                        (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
+                        (launch_specs.wgmma_bwd_dq(p), p)]
+                if D not in BACKWARD_HEAD_DIMS["wgmma-ws"]:  # the one-kernel wgmma backwards pad D = 32 and 96
                     continue
-                out += [(launch_specs.wgmma_bwd_dkdv(p), p),
-                        (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
+                out += [(launch_specs.wgmma_bwd_fused(p), p),
                         (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_preprocess(p), p),
                         (launch_specs.wgmma_bwd_dq_store(p), p),
                         (launch_specs.wgmma_bwd_kv_sum(p), p)]
@@ -432,15 +432,18 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,)  # after the 4 maps: LSE, Delta, dK, dV, dQaccum
 
 
-@pytest.mark.parametrize("D,padded,wgmma_bwd", [(16, 32, 64), (32, 32, 64), (40, 64, 64), (64, 64, 64), (80, 96, 128),
-                                                (96, 96, 128), (111, 128, 128), (160, 256, 256), (256, 256, 256)])
-def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded, wgmma_bwd):
-    """The forward tensor-core kernels and the mma backwards are compiled for D = 32, 64, 96, 128 and 256; the wgmma
-    backwards (128-byte swizzle only) for 64, 128 (and 256, the two-kernel one): D = 32 and 96 pad there."""
+@pytest.mark.parametrize("D,padded,one_kernel", [(16, 32, 64), (32, 32, 64), (40, 64, 64), (64, 64, 64), (80, 96, 128),
+                                                 (96, 96, 128), (111, 128, 128), (160, 256, None), (256, 256, None)])
+def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded, one_kernel):
+    """The forward tensor-core kernels and the two-kernel backwards (mma, wgmma) are compiled for D = 32, 64, 96, 128
+    and 256; the one-kernel wgmma backwards (their dS and dQ tiles in 64-column pieces) for 64 and 128: D = 32 and
+    96 pad there."""
     assert launch_specs.padded_head_dim(D) == padded
-    assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS["mma"]) == padded
-    assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS["wgmma"]) == wgmma_bwd
-    assert launch_specs.padded_head_dim(min(D, 128), BACKWARD_HEAD_DIMS["wgmma-ws"]) == min(wgmma_bwd, 128)
+    for kernel in ("mma", "mma-fused", "wgmma"):
+        assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == padded
+    for kernel in ("wgmma-fused", "wgmma-ws"):
+        if one_kernel is not None:
+            assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == one_kernel
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
@@ -533,8 +536,7 @@ def test_auto_backward_above_128_runs_a_two_kernel_backward():
 
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-ws"])
 def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
-    """D = 40 and 80 run the D = 64 and 96 kernels on zero-padded copies (the wgmma backward: 64 and 128), and hand
-    back D columns: a stand-in
+    """D = 40 and 80 run the D = 64 and 96 kernels on zero-padded copies, and hand back D columns: a stand-in
     kernel (float64 attention of the arrays it is given, written into O/LSE and dQ/dK/dV) shows that the
     padding and the cutting back give the answer of the unpadded problem, forward and backward."""
     seen = []
@@ -742,11 +744,11 @@ def test_wgmma_refused_off_hopper(monkeypatch):
 @pytest.mark.parametrize("kernel", ["mma", "mma-fused", pytest.param("wgmma", marks=hopper),
                                     pytest.param("wgmma-fused", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", [64, 128, 40])
+@pytest.mark.parametrize("D", [64, 128, 40, 32, 96])
 def test_tensor_core_backward_matches_reference(kernel, dtype, D):
     """kernel='mma', 'mma-fused', 'wgmma', 'wgmma-fused' and 'wgmma-ws' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
     Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
-    runs the D = 64 kernels on zero-padded copies."""
+    runs the D = 64 kernels on zero-padded copies, D = 32 and 96 their own (the one-kernel wgmma ones: padded)."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
     for (Nq, Nk), scale in (((100, 100), None), ((37, 300), None), ((300, 37), -0.2), ((1, 517), None),
                             ((450, 450), 0.5)):

@@ -197,12 +197,13 @@ def test_forward_variants(kernel, dtype, D, case):
 
 
 # the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the mma ones and the two-kernel
-# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks); the mma ones also D = 32
-# and 96 (the wgmma ones pad those)
+# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks); the mma ones and the
+# two-kernel wgmma one also D = 32 and 96 (the one-kernel wgmma ones pad those)
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
                  for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA, WGMMA_FUSED, WGMMA_WS)
                  for D in (64, 128)] + \
-                [pytest.param(kernel, D, id=f"{kernel}-d{D}") for kernel in ("mma", "mma-fused") for D in (32, 96)] + \
+                [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
+                 for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA) for D in (32, 96)] + \
                 [pytest.param("mma", 256, id="mma-d256"), pytest.param("mma-fused", 256, id="mma-fused-d256"),
                  pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
 

@@ -27,6 +27,9 @@
 // Mask, grouped-query attention and dropout exactly as in mma_backward.cu: each block visits only the tiles
 // that hold a visible pair; the dK/dV kernel runs one block per K/V head and loops over its group's query heads
 // (summing dK_j, dV_j in registers: no atomics, no copy of K/V); the keep mask is drawn again from the seed.
+// Head dims: the two kernels take D = 32, 64, 96, 128 and 256 (D = 32, 96: tiles in 32-column panels of the 64-byte
+// swizzle, wgmma_ops.cuh's Panels); the one-kernel backwards (wgmma_bwd_fused, wgmma_bwd_ws), whose dS and dQ
+// tiles are cut into pieces of 64-column panels, D = 64 and 128.
 #include "backward_common.cuh"
 #include "common.cuh"
 #include "fragments.cuh"
@@ -270,9 +273,10 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
                                            float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
                                            int window_left, int window_right, int group, float dropout_p,
                                            unsigned seed_lo, unsigned seed_hi) {
-    static_assert((D == 64 || D == 128 || D == 256) && (Br == 32 || Br == 64 || Br == 128),
-                  "D in {64, 128, 256}, Br in {32, 64, 128}");
-    static_assert(!DQ || (Br == 64 && NWG == 2 && D <= 128), "the one-kernel backward: tiles of 64 queries, 2 warpgroups");
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && (Br == 32 || Br == 64 || Br == 128),
+                  "D in {32, 64, 96, 128, 256}, Br in {32, 64, 128}");
+    static_assert(!DQ || (Br == 64 && NWG == 2 && (D == 64 || D == 128)),
+                  "the one-kernel backward: tiles of 64 queries, 2 warpgroups, D 64 or 128");
     constexpr int Bc = 64 * NWG, NTHREADS = NWG * 128;
     constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per K/V tile
     constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = DQ ? Br * Bc * 2 + 64 * D * 4 : 0;
@@ -291,7 +295,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int k0 = (blockIdx.x / NCOL) * Bc, wkey = 64 * wg + 16 * (warp % 4);  // block's first key, warp's first row
     const int col0 = (blockIdx.x % NCOL) * DC;  // the block's first column of dK_j, dV_j (a 64-column panel's)
-    const unsigned sK_wg = sK + 64 * wg * 128, sV_wg = sV + 64 * wg * 128;  // the warpgroup's 64 keys
+    constexpr int PB = Panels<D>::ROW_BYTES;  // a panel row: 128 bytes (64 columns), 64 at D = 32 and 96
+    const unsigned sK_wg = sK + 64 * wg * PB, sV_wg = sV + 64 * wg * PB;  // the warpgroup's 64 keys
     const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
     long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
     const unsigned short *q = Q + bh * Nq * D, *dout = dO + bh * Nq * D;
@@ -328,7 +333,7 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
             if (t + 1 < tiles.count) stream(t + 1, buf ^ 1);  // tile t + 1 loads while tile t is computed
             cp_async_commit();
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
-            const unsigned panel = (col0 / 64) * Br * 128;  // the block's columns of Q_i and dO_i
+            const unsigned panel = (col0 / Panels<D>::COLS) * Br * PB;  // the block's columns of Q_i and dO_i
             const auto dq = dq_of<DQ, D, NWG, Br, BF16>(sdS, sK, sdQ, dq_head + (long long)i0 * D);
             tile_pair<true, DROPOUT, D, Bc, Br, BF16>(s, dp, sK_wg, qb, sV_wg, db,  // S^T = K_w Q_i^T, dP^T = V_w dO_i^T
                                                      dv, db + panel,  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
@@ -614,8 +619,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
                  int Nq, int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
-    static_assert((D == 64 || D == 128 || D == 256) && (Bc == 32 || Bc == 64 || Bc == 128),
-                  "D in {64, 128, 256}, Bc in {32, 64, 128}");
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && (Bc == 32 || Bc == 64 || Bc == 128),
+                  "D in {32, 64, 96, 128, 256}, Bc in {32, 64, 128}");
     constexpr int Br = 64 * NWG, NTHREADS = NWG * 128;
     constexpr unsigned Q_BYTES = Br * D * 2, KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -630,7 +635,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     const int q_block = mask.heavy_last() ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int warp = threadIdx.x / 32, wg = warp / 4;
     const int q0 = q_block * Br, wrow = 64 * wg + 16 * (warp % 4);  // block's first query, warp's first row
-    const unsigned sQ_wg = sQ + 64 * wg * 128, sdO_wg = sdO + 64 * wg * 128;  // the warpgroup's 64 queries
+    constexpr int PB = Panels<D>::ROW_BYTES;  // a panel row: 128 bytes (64 columns), 64 at D = 32 and 96
+    const unsigned sQ_wg = sQ + 64 * wg * PB, sdO_wg = sdO + 64 * wg * PB;  // the warpgroup's 64 queries
     const long long bh = blockIdx.y, bkv = bh / group;  // query head b * Hq + h, its K/V head b * Hk + h / group
     const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
     const frag::Dropout drop = frag::make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read if DROPOUT
@@ -740,6 +746,10 @@ FA_WGMMA_DQ_STORE_INST(64, false)
 FA_WGMMA_DQ_STORE_INST(64, true)
 FA_WGMMA_DQ_STORE_INST(128, false)
 FA_WGMMA_DQ_STORE_INST(128, true)
+FA_WGMMA_BWD_INST(32, 2, 64, false)
+FA_WGMMA_BWD_INST(32, 2, 64, true)
+FA_WGMMA_BWD_INST(96, 2, 64, false)
+FA_WGMMA_BWD_INST(96, 2, 64, true)
 FA_WGMMA_BWD_INST(64, 2, 64, false)
 FA_WGMMA_BWD_INST(64, 2, 64, true)
 FA_WGMMA_BWD_INST(128, 2, 64, false)
