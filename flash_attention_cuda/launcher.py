@@ -151,7 +151,7 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic;
-    D <= 256, padded to 64, 128 or 256) | 'mma' (fp16/bf16, D <= 256 (padded to 32, 64, 96, 128 or 256), compute
+    D <= 256, padded to 32, 64, 96, 128 or 256) | 'mma' (fp16/bf16, D <= 256 (padded as 'wgmma'), compute
     capability >= 8.0: mma.sync tensor cores, fp32 accumulation, two kernels, deterministic;
     kernels/mma_backward.cu) | 'mma-fused' (the same, as one kernel whose dQ is summed with atomic adds,
     FlashAttention-2's choice; mma_bwd_fused) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
