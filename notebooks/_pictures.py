@@ -238,6 +238,74 @@ def draw_swizzle(ax_logical, ax_physical, rows: int = 8, chunks: int = 8) -> Non
     ax_physical.set_title("XOR swizzle: chunk c at c ^ (r % 8)\n(column 0 spread over all 32 banks)", fontsize=8)
 
 
+# ------------------------------------------------------------------ D = 32 and 96: rows that are not 128 bytes
+def smem_chunk(D: int, r: int, c: int, swizzle: str = "project") -> int:
+    """Where 16-byte chunk c (0 .. D/8 - 1) of row r of a (rows, D) 16-bit tile is stored, as a chunk of that row.
+
+    "none": c. "xor8": c ^ (r % 8) on every chunk (the 128-byte pattern; where a row does not end on a whole group of
+    8 chunks, D = 32 or 96, it sends some chunks past the row's end). "project": smem_tiles.cuh's ``swz``:
+    c ^ (r % 8) inside each whole group of 8 chunks, and on the last 4 chunks of a row of D = 32 or 96 the
+    64-byte swizzle c ^ ((r // 2) % 4), which keeps them in their row.
+    """
+    if swizzle == "none":
+        return c
+    if swizzle == "xor8":
+        return c ^ (r % 8)
+    whole = D // 64 * 8  # chunks in whole 128-byte groups
+    return c ^ (r % 8) if c < whole else c ^ ((r >> 1) & 3)
+
+
+def ldmatrix_bank_groups(D: int, c: int, swizzle: str = "project", r0: int = 0):
+    """The 16-byte bank groups (g = 0 .. 7: banks 4g .. 4g + 3) that ldmatrix's 8 row reads of logical chunk c,
+    rows r0 .. r0 + 7 of a (rows, D) tile, land in; None where the swizzle puts one of them outside its row."""
+    groups = []
+    for r in range(r0, r0 + 8):
+        p = smem_chunk(D, r, c, swizzle)
+        if p >= D // 8:
+            return None
+        groups.append((r * D * 2 // 16 + p) % 8)
+    return groups
+
+
+def conflict_ways(D: int, swizzle: str = "project"):
+    """The worst n-way bank conflict of ldmatrix's 8-row reads over every chunk of a (rows, D) tile (1: none);
+    None where the swizzle sends a chunk outside its row."""
+    worst = 1
+    for c in range(D // 8):
+        for r0 in (0, 8):
+            g = ldmatrix_bank_groups(D, c, swizzle, r0)
+            if g is None:
+                return None
+            worst = max(worst, max(g.count(x) for x in g))
+    return worst
+
+
+def draw_swizzle_96(ax_xor8, ax_project, rows: int = 8) -> None:
+    """A (rows, 96) tile: 12 chunks a row (192 bytes). Left: c ^ (r % 8) on every chunk, which moves chunks 8 .. 11
+    to 8 .. 15, past the row's end (drawn in red, over the next row's bytes). Right: the project's rule, 64-byte
+    swizzle on the last 4 chunks."""
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab20")
+    for ax, swz in ((ax_xor8, "xor8"), (ax_project, "project")):
+        for r in range(rows):
+            for c in range(12):
+                pos = smem_chunk(96, r, c, swz)
+                out = pos >= 12
+                ax.add_patch(plt.Rectangle((pos, r), 1, 1, facecolor="tab:red" if out else cmap(c % 20),
+                                           edgecolor="white", alpha=1.0 if c in (0, 8) or out else 0.45))
+                ax.text(pos + 0.5, r + 0.5, str(c), ha="center", va="center", fontsize=6)
+        ax.axvline(12, color="black", lw=1.2)
+        ax.text(12.1, -0.3, "row ends", fontsize=6)
+        ax.set_xlim(0, 16); ax.set_ylim(rows, 0); ax.set_aspect("equal")
+        ax.set_xticks(np.arange(16) + 0.5, [str(c) for c in range(16)], fontsize=6)
+        ax.set_yticks(np.arange(rows) + 0.5, [str(r) for r in range(rows)], fontsize=6)
+        ax.set_xlabel("16-byte chunk of the row in shared memory", fontsize=7)
+        ax.set_ylabel("tile row r", fontsize=7)
+    ax_xor8.set_title("D = 96, c ^ (r % 8) on every chunk:\nchunks 8-11 leave the row (red)", fontsize=8)
+    ax_project.set_title("D = 96, smem_tiles.cuh: c ^ (r % 8) on chunks 0-7,\nc ^ ((r // 2) % 4) on chunks 8-11", fontsize=8)
+
+
 # ------------------------------------------------------------------ rung 3c: the consumers' turns, drawn
 # Illustrative durations of one tile step of one consumer warp group at D = 128, Bc = 128, in cycles of one SM:
 # each product is 64 x 128 x 128 multiply-adds, 2.1 MFLOP at the 4096 FLOP a cycle of an H100 SM's tensor cores;

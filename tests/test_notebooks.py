@@ -274,6 +274,27 @@ def test_pingpong_figure(tmp_path):
         assert "img/pingpong.png" in (ROOT / page).read_text(encoding="utf-8"), page
 
 
+def test_smem_swizzle_follows_the_kernel():
+    """Notebook 06's D = 32 / 96 swizzle is smem_tiles.cuh's own rule (its two XOR terms, read from the source; the
+    wgmma tiles' 64-byte pattern in wgmma_ops.cuh is the same term): every chunk stays in its row and ldmatrix's 8-row
+    reads hit 8 bank groups at every compiled head dim, where c ^ (r % 8) alone leaves the row at D = 32 and 96."""
+    pic = _pictures()
+    src = (ROOT / "flash_attention_cuda" / "kernels" / "smem_tiles.cuh").read_text()
+    m = re.search(r"const int c = chunk < WHOLE \? ([^:]+) : ([^;]+);", src)
+    whole_rule, tail_rule = m.group(1).strip(), m.group(2).strip()
+    assert "((chunk & 3) ^ ((row >> 1) & 3))" in (ROOT / "flash_attention_cuda" / "kernels" / "wgmma_ops.cuh").read_text()
+    for D in (32, 96):
+        for r in range(16):
+            for c in range(D // 8):
+                rule = whole_rule if c < D // 64 * 8 else tail_rule
+                want = eval(rule, {"chunk": c, "row": r})  # noqa: S307 - the kernel's C
+                assert pic.smem_chunk(D, r, c) == want, (D, r, c, rule)
+    for D in (32, 64, 96, 128, 256):
+        assert pic.conflict_ways(D) == 1, D
+    assert pic.conflict_ways(32, "xor8") is None and pic.conflict_ways(96, "xor8") is None
+    assert pic.conflict_ways(96, "none") == 4 and pic.conflict_ways(128, "none") == 8
+
+
 def test_dq_store_banks_follow_the_kernel():
     """Notebook 08's drawing of the dQ sums' stores uses wgmma_backward.cu's own rule (dq_chunk, read from the
     source): with it a half warp's 8-byte stores hit all 32 banks once; with the old c ^ (r % 8), 16 banks twice."""
