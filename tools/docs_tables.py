@@ -456,9 +456,31 @@ def t_hopper_targets(R, lang):
                       f"N = 1024：{name} ≥ 1.0× FA2，前向与反向，因果与否"),
                     span(vals, f2, "×"), H(lang, "met", "达到") if not below else
                     H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
+    out.append(_head_dim_target(lang))
     out += _seed_targets(R, lang)
     header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
     return table(header, out)
+
+
+def _head_dim_target(lang):
+    """Issue 16's head dims: 32, 64, 96, 128 and 256 compiled on every CUDA tensor-core kernel, forward and backward
+    (the others padded), read from the capability tables (capabilities.TENSOR_CORE_HEAD_DIMS, BACKWARD_HEAD_DIMS)."""
+    from flash_attention_cuda.capabilities import BACKWARD_HEAD_DIMS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS
+
+    want = (32, 64, 96, 128, 256)
+    dims = {k: tuple(TENSOR_CORE_HEAD_DIMS) for k in TENSOR_CORE_KERNELS}
+    dims.update({f"{k} backward": tuple(v) for k, v in BACKWARD_HEAD_DIMS.items()})
+    groups = {}
+    for k, v in dims.items():
+        groups.setdefault(v, []).append(k)
+    measured = "; ".join(f"{', '.join(ks)}: {', '.join(map(str, v))}" for v, ks in groups.items())
+    short = {k: [d for d in want if d not in v and d <= max(v)] for k, v in dims.items()}
+    short = {k: v for k, v in short.items() if v}
+    verdict = H(lang, "met", "达到") if not short else H(
+        lang, "no: " + "; ".join(f"{k} pads {', '.join(map(str, v))}" for k, v in short.items()),
+        "否：" + "；".join(f"{k} 对 {'、'.join(map(str, v))} 补零" for k, v in short.items()))
+    return [H(lang, "head dims 32, 64, 96, 128 and 256 compiled on every CUDA tensor-core kernel, the others padded",
+              "每个 CUDA tensor core 内核为 head 维度 32、64、96、128 和 256 编译，其余补零"), measured, verdict]
 
 
 def _seed_targets(R, lang):
