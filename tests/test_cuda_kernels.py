@@ -25,7 +25,7 @@ from flash_attention_py.masks import CAUSAL, FULL
 import flash_attention_cuda as fac
 from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_specs, runtime
 from flash_attention_cuda.capabilities import (BACKWARD, BACKWARD_HEAD_DIMS, CAPABILITIES, HOPPER_BACKWARD,
-                                             cuda_unavailable_reason, hopper_probe, is_hopper)
+                                             TENSOR_CORE_HEAD_DIMS, cuda_unavailable_reason, hopper_probe, is_hopper)
 
 REASON = cuda_unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -448,6 +448,20 @@ def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded, one_kernel):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
         launch_specs.padded_head_dim(160, BACKWARD_HEAD_DIMS["wgmma-ws"])
+
+
+def test_tma_boxes_are_the_kernels_panels():
+    """The TMA boxes the host encodes are wgmma_ops.cuh's column panels (Panels<D>::COLS, read from the source): 64
+    columns in the 128-byte swizzle where D is a multiple of 64, 32 in the 64-byte swizzle at D = 32 and 96
+    (cuda.h: CU_TENSOR_MAP_SWIZZLE_64B = 2, _128B = 3); a head's rows are the box's second dimension."""
+    src = open(os.path.join(runtime.KERNEL_DIR, "wgmma_ops.cuh")).read()
+    rule = re.search(r"static constexpr int COLS = D % 64 == 0 \? (\d+) : (\d+);", src)
+    for D in TENSOR_CORE_HEAD_DIMS:
+        cols = int(rule.group(1)) if D % 64 == 0 else int(rule.group(2))
+        dims, strides, box = runtime.tensor_map_layout((2, 3, 100, D), 128)
+        assert runtime.tma_box_columns(D) == cols and box == (cols, 128, 1), D
+        assert dims == (D, 100, 6) and strides == (2 * D, 2 * D * 100)
+        assert runtime._TMA_SWIZZLE[cols] == {64: 3, 32: 2}[cols] and D % cols == 0
 
 
 @pytest.mark.parametrize("make", ["wgmma_ws_fwd", "wgmma_bwd_ws", "mma_bwd_dkdv"])
