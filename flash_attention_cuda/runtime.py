@@ -336,6 +336,8 @@ def tma_box_columns(D: int) -> int:
     """The columns of a TMA box, one swizzled panel of wgmma_ops.cuh's tiles (Panels<D>): 64 where D is a multiple
     of 64, else 32 (D = 32, 96: the 64-byte swizzle). A (rows, D) tile is D / tma_box_columns(D) boxes."""
     return 64 if D % 64 == 0 else 32
+
+
 _MAPS: dict = {}  # (address, shape, box rows) -> (encoded map, its host address)
 _MAPS_MAX = 256
 _ENCODE = None
@@ -393,7 +395,8 @@ def encode_tensor_map(address: int, dims, strides, box):
 
 def tensor_map(x, rows: int):
     """The tensor map of x, a contiguous 16-bit (B, H, N, D) tensor at a 16-byte aligned address, read in boxes of
-    (rows, tma_box_columns(D)) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes each once."""
+    (rows, tma_box_columns(D)) (tensor_map_layout); cached per (address, shape, rows), so a training loop encodes
+    each once."""
     return _map_entry(x, rows)[0]
 
 

@@ -303,7 +303,8 @@ def draw_swizzle_96(ax_xor8, ax_project, rows: int = 8) -> None:
         ax.set_xlabel("16-byte chunk of the row in shared memory", fontsize=7)
         ax.set_ylabel("tile row r", fontsize=7)
     ax_xor8.set_title("D = 96, c ^ (r % 8) on every chunk:\nchunks 8-11 leave the row (red)", fontsize=8)
-    ax_project.set_title("D = 96, smem_tiles.cuh: c ^ (r % 8) on chunks 0-7,\nc ^ ((r // 2) % 4) on chunks 8-11", fontsize=8)
+    ax_project.set_title("D = 96, smem_tiles.cuh: c ^ (r % 8) on chunks 0-7,\nc ^ ((r // 2) % 4) on chunks 8-11",
+                         fontsize=8)
 
 
 # ------------------------------------------------------------------ rung 3c: the consumers' turns, drawn

@@ -832,7 +832,8 @@ def test_ws_backward_tiles_of_64_and_128_queries(dtype):
 @pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 def test_backward_preprocess_delta_and_zeroed_dq_buffer(D, dtype):
     """The backwards' first step, Delta_i = rowsum(dO_i o O_i): one wide load per lane where O and dO are aligned,
-    element by element where they start 2 bytes into their buffer (and at D = 32, 96, whose lanes read 1 or 3). wgmma_bwd_preprocess (the one-kernel
+    element by element where they start 2 bytes into their buffer (and at D = 32, 96, whose lanes read 1 or 3
+    elements). wgmma_bwd_preprocess (the one-kernel
     backwards, D <= 128) also zeroes every float of the dQ buffer, filled with NaN first, the rows past Nq of its
     last block of 64 included."""
     B, H, Nq = 2, 3, 77

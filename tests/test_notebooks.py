@@ -282,7 +282,8 @@ def test_smem_swizzle_follows_the_kernel():
     src = (ROOT / "flash_attention_cuda" / "kernels" / "smem_tiles.cuh").read_text()
     m = re.search(r"const int c = chunk < WHOLE \? ([^:]+) : ([^;]+);", src)
     whole_rule, tail_rule = m.group(1).strip(), m.group(2).strip()
-    assert "((chunk & 3) ^ ((row >> 1) & 3))" in (ROOT / "flash_attention_cuda" / "kernels" / "wgmma_ops.cuh").read_text()
+    wgmma_ops = (ROOT / "flash_attention_cuda" / "kernels" / "wgmma_ops.cuh").read_text()
+    assert "((chunk & 3) ^ ((row >> 1) & 3))" in wgmma_ops
     for D in (32, 96):
         for r in range(16):
             for c in range(D // 8):

@@ -809,7 +809,8 @@ def t_head_dims(R, lang):
     and 128 (commit 3c96b59) -> compiled for D (e7780d6), and FA2's and cuDNN's in the compiled run."""
     out = []
     for D in (32, 96):
-        for (mode, causal), (old, new) in sorted(_head_dim_ab(R, D).items(), key=lambda kv: (kv[0][0] != "fwd", kv[0][1])):
+        ab = sorted(_head_dim_ab(R, D).items(), key=lambda kv: (kv[0][0] != "fwd", kv[0][1]))  # fwd first, not causal
+        for (mode, causal), (old, new) in ab:
             row = [D, mode, H(lang, "yes" if causal else "no", "是" if causal else "否"), f0(new["sdpa-flash"]),
                    f0(new["sdpa-cudnn"])]
             row += [f"{f0(old[b])} → {f0(new[b])} ({f2(new[b] / old[b])}×)" for b in CUDA_RUNGS]
@@ -829,11 +830,12 @@ def head_dims_figures(R):
         return span([new[name] / old[name] for D in (32, 96) for (m, _), (old, new) in _head_dim_ab(R, D).items()
                      if m == mode], f2, "×")
 
-    fwd = " and ".join(f"{vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2, {vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-cudnn')} "
-                       f"cuDNN at D = {D}" for D in (96, 32))
+    fwd = " and ".join(f"{vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2, "
+                       f"{vs(D, 'fwd', 'cuda-wgmma-ws', 'sdpa-cudnn')} cuDNN at D = {D}" for D in (96, 32))
     won = (f"{gain('fwd', 'cuda-wgmma-ws')} the padded forward (cuda-wgmma-ws), {gain('fwd', 'cuda-mma')} (cuda-mma); "
            f"the mma backward {gain('bwd', 'cuda-mma')}")
-    mma_bwd = f"{vs(32, 'bwd', 'cuda-mma', 'sdpa-flash')} FA2 at D = 32 and {vs(96, 'bwd', 'cuda-mma', 'sdpa-flash')} at D = 96"
+    mma_bwd = (f"{vs(32, 'bwd', 'cuda-mma', 'sdpa-flash')} FA2 at D = 32 and "
+               f"{vs(96, 'bwd', 'cuda-mma', 'sdpa-flash')} at D = 96")
     ws_bwd = (f"{vs(96, 'bwd', 'cuda-wgmma-ws', 'sdpa-flash')} FA2 at D = 96 but "
               f"{vs(32, 'bwd', 'cuda-wgmma-ws', 'sdpa-flash')} at D = 32")
     # the two-kernel wgmma backward compiled for D = 32, 96 against the one-kernel wgmma-ws padded, kernels alone
