@@ -258,20 +258,29 @@ def test_pingpong_model():
         pic.pingpong_schedule(0, 3)
 
 
-def test_pingpong_figure(tmp_path):
-    """tools/make_doc_images.py draws the figure of docs/backend_cuda.md (committed as docs/img/pingpong.png)."""
+def _make_doc_images():
+    """tools/make_doc_images.py as a module (tools/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_doc_images", ROOT / "tools" / "make_doc_images.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    assert tool.main(["--out-dir", str(tmp_path), "--only", "pingpong", "--steps", "2"]) == 0
-    assert (tmp_path / "pingpong.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not (tmp_path / "tile_walk.gif").exists()
-    committed = ROOT / "docs" / "img" / "pingpong.png"
+    return tool
+
+
+@pytest.mark.parametrize("image,file,extra,absent", [("pingpong", "pingpong.png", ["--steps", "2"], "tile_walk.gif"),
+                                                   ("swizzle-96", "swizzle_96.png", [], "pingpong.png")])
+def test_doc_figure(image, file, extra, absent, tmp_path):
+    """tools/make_doc_images.py draws the figures of docs/backend_cuda.md (committed as docs/img/pingpong.png, the
+    consumers' turns of rung 3c, and docs/img/swizzle_96.png, the D = 96 swizzle), and only the one asked for."""
+    tool = _make_doc_images()
+    assert tool.main(["--out-dir", str(tmp_path), "--only", image] + extra) == 0
+    assert (tmp_path / file).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / absent).exists()
+    committed = ROOT / "docs" / "img" / file
     assert committed.exists() and committed.stat().st_size < 300_000, "python tools/make_doc_images.py"
     for page in ("docs/backend_cuda.md", "docs/zh/backend_cuda.md"):
-        assert "img/pingpong.png" in (ROOT / page).read_text(encoding="utf-8"), page
+        assert f"img/{file}" in (ROOT / page).read_text(encoding="utf-8"), page
 
 
 def test_smem_swizzle_follows_the_kernel():

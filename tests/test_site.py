@@ -56,6 +56,7 @@ def test_site_builds(site):
     assert gif.exists(), "docs/img/tile_walk.gif is missing from the site (python tools/make_doc_images.py)"
     assert gif.stat().st_size < 1_000_000, f"docs/img/tile_walk.gif is {gif.stat().st_size} bytes; keep it under 1 MB"
     assert (site / "img" / "pingpong.png").exists(), "docs/img/pingpong.png (backend_cuda.md) is missing from the site"
+    assert (site / "img" / "swizzle_96.png").exists(), "docs/img/swizzle_96.png (backend_cuda.md) is missing from the site"
 
 
 def _browser():

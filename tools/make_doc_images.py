@@ -1,6 +1,6 @@
 """Write the docs' images, drawn by ``notebooks/_pictures.py`` (the notebooks draw the same pictures inline).
 
-    python tools/make_doc_images.py                              # both, into docs/img/
+    python tools/make_doc_images.py                              # all three, into docs/img/
     python tools/make_doc_images.py --only tile-walk --no-causal --out-dir /tmp
 
 * ``tile_walk.gif`` (notebook 03): ``tile_walk_animation``, the v1 and v2 loop orders over the (Tr, Tc) grid of
@@ -10,6 +10,9 @@
   warp group alone overlapping its softmax with its own P V only (``wgmma.cu``'s loop), and two taking turns on
   the tensor cores (``wgmma_ws.cu``, the rescale inside the turn as at D = 128), with the illustrative durations
   of ``PINGPONG_CYCLES``: the order of the work, not a measurement.
+* ``swizzle_96.png`` (notebook 06, docs/backend_cuda.md rung 3): ``draw_swizzle_96``, a (rows, 96) tile under
+  c ^ (r % 8) on every chunk (chunks 8-11 leave the row) and under ``smem_tiles.cuh``'s rule (the 64-byte swizzle on
+  a row's last 4 chunks).
 
 Each image is checked to stay under ``--max-bytes``.
 """
@@ -23,7 +26,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "notebooks"))
 os.environ.setdefault("MPLBACKEND", "Agg")
-IMAGES = ("tile-walk", "pingpong")
+IMAGES = ("tile-walk", "pingpong", "swizzle-96")
 
 
 def tile_walk(out: pathlib.Path, args) -> None:
@@ -51,6 +54,17 @@ def pingpong(out: pathlib.Path, args) -> None:
     plt.close(fig)
 
 
+def swizzle_96(out: pathlib.Path, args) -> None:
+    import matplotlib.pyplot as plt
+    from _pictures import draw_swizzle_96
+
+    fig, (ax_x, ax_p) = plt.subplots(1, 2, figsize=(11, 4))
+    draw_swizzle_96(ax_x, ax_p)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", type=pathlib.Path, default=ROOT / "docs" / "img")
@@ -70,7 +84,8 @@ def main(argv=None) -> int:
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     status = 0
-    for name, draw, file in (("tile-walk", tile_walk, "tile_walk.gif"), ("pingpong", pingpong, "pingpong.png")):
+    for name, draw, file in (("tile-walk", tile_walk, "tile_walk.gif"), ("pingpong", pingpong, "pingpong.png"),
+                             ("swizzle-96", swizzle_96, "swizzle_96.png")):
         if args.only and name not in args.only:
             continue
         out = args.out_dir / file
