@@ -141,10 +141,10 @@ _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # that is 256 registers a thread, more than a thread has. The two-kernel backwards (mma, wgmma) then split the
 # columns of dK and dV over two blocks, each computing S and dP once more; the one-kernel wgmma backwards
 # (wgmma-fused, wgmma-ws), whose dQ product shares the tile, stop at 128, and kernel='auto' runs the two-kernel
-# wgmma backward above it on a Hopper. The one-kernel wgmma backwards cut their dS and dQ tiles into pieces of
-# 64-column panels: they take D = 64 and 128, and pad D = 32 and 96 (to 64 and 128).
+# wgmma backward above it on a Hopper. So the one-kernel wgmma backwards take D = 32, 64, 96 and 128 (their dQ
+# product cuts K_j's 32-column panels at D = 32 and 96 as wgmma_backward.cu's DqReduce says).
 TENSOR_CORE_HEAD_DIMS = (32, 64, 96, 128, 256)
-WGMMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
+WGMMA_ONE_KERNEL_HEAD_DIMS = (32, 64, 96, 128)
 BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
                       "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS,
                       "mma-fused": TENSOR_CORE_HEAD_DIMS}

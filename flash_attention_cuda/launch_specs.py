@@ -550,8 +550,9 @@ def wgmma_bwd_fused(p: Problem) -> LaunchSpec:
 
 # wgmma_bwd_ws: (Br queries per streamed tile, slots of the ring that streams Q_i, dO_i with lse and Delta), per
 # head dim. At D = 64 a tile of 64 queries is too little work between the block's per-tile waits and barriers:
-# tiles of 128 (FlashAttention-3's kBlockM at this head dim), with dQ split by rows between the warpgroups.
-WGMMA_WS_BACKWARD_CONFIGS = {64: (128, 2), 128: (64, 2)}
+# tiles of 128 (FlashAttention-3's kBlockM at this head dim), with dQ split by rows between the warpgroups; so too
+# at D = 32. At D = 96, 64 x 96 fp32 dK and dV leave no registers for S^T and dP^T of 128 queries: tiles of 64.
+WGMMA_WS_BACKWARD_CONFIGS = {32: (128, 2), 64: (128, 2), 96: (64, 2), 128: (64, 2)}
 # wgmma_bwd_ws splits a K/V head's group of query heads over blocks when the blocks of keys alone are fewer than
 # this (about 4 per SM of an H100's 132): MQA and few K/V heads would otherwise leave SMs idle
 WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
@@ -573,7 +574,7 @@ def ws_backward_splits(p: Problem) -> int:
 def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """wgmma_backward.cu: the one-kernel backward warp-specialised, a producer warpgroup and 2 consumer
     warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
-    (Br 64, or 128 at D = 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
+    (Br 64, or 128 at D = 32 and 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
     (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
     float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
     Bc = 128

@@ -183,10 +183,7 @@ def _all_specs():
                 out += [(launch_specs.mma_fwd(p), p), (launch_specs.wgmma_fwd(p), p), (launch_specs.wgmma_ws_fwd(p), p),
                         (launch_specs.mma_bwd_preprocess(p), p), (launch_specs.mma_bwd_dkdv(p), p),
                         (launch_specs.mma_bwd_dq(p), p), (launch_specs.wgmma_bwd_dkdv(p), p),
-                        (launch_specs.wgmma_bwd_dq(p), p)]
-                if D not in BACKWARD_HEAD_DIMS["wgmma-ws"]:  # the one-kernel wgmma backwards pad D = 32 and 96
-                    continue
-                out += [(launch_specs.wgmma_bwd_fused(p), p),
+                        (launch_specs.wgmma_bwd_dq(p), p), (launch_specs.wgmma_bwd_fused(p), p),
                         (launch_specs.wgmma_bwd_ws(p), p), (launch_specs.wgmma_bwd_preprocess(p), p),
                         (launch_specs.wgmma_bwd_dq_store(p), p),
                         (launch_specs.wgmma_bwd_kv_sum(p), p)]
@@ -404,7 +401,8 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     whole = plan_of("wgmma-ws", "bfloat16", (2, 8, 4096, 128), (2, 8, 4096, 128), (9, 0), CAUSAL, 0.1)
     assert len(whole.specs) == 3 and dict(whole.scratch)["dKVpart"] == dict(whole.scratch)["dQaccum"]  # untouched
     assert plan_of("mma", *args).scratch == (("Delta", 0),)
-    assert plan_of("wgmma-ws", "float16", (1, 2, 50, 96), (1, 2, 50, 96), (9, 0), CAUSAL, 0.1).pad_to == 128
+    assert plan_of("wgmma-ws", "float16", (1, 2, 50, 96), (1, 2, 50, 96), (9, 0), CAUSAL, 0.1).pad_to is None
+    assert plan_of("wgmma-ws", "float16", (1, 2, 50, 80), (1, 2, 50, 80), (9, 0), CAUSAL, 0.1).pad_to == 96
     tiled = plan_of("auto", "float32", (1, 2, 50, 64), (1, 2, 50, 64), (9, 0), CAUSAL, 0.1)
     assert (tiled.kernel, tiled.p.dtype, tiled.scratch, tiled.out_dtype) == ("tiled", "float32", (), "float32")
     assert plan_of("auto", "float16", (1, 2, 50, 64), (1, 2, 50, 64), (8, 0), CAUSAL, 0.1).kernel == "mma"
@@ -432,18 +430,17 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
     assert ws[4:9] == (lse.data_ptr(), delta) + ws[6:8] + (dq_accum,)  # after the 4 maps: LSE, Delta, dK, dV, dQaccum
 
 
-@pytest.mark.parametrize("D,padded,one_kernel", [(16, 32, 64), (32, 32, 64), (40, 64, 64), (64, 64, 64), (80, 96, 128),
-                                                 (96, 96, 128), (111, 128, 128), (160, 256, None), (256, 256, None)])
-def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded, one_kernel):
+@pytest.mark.parametrize("D,padded", [(16, 32), (32, 32), (40, 64), (64, 64), (80, 96), (96, 96), (111, 128),
+                                      (160, 256), (256, 256)])
+def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
     """The forward tensor-core kernels and the two-kernel backwards (mma, wgmma) are compiled for D = 32, 64, 96, 128
-    and 256; the one-kernel wgmma backwards (their dS and dQ tiles in 64-column pieces) for 64 and 128: D = 32 and
-    96 pad there."""
+    and 256; the one-kernel wgmma backwards (whose dK, dV and dQ tiles share a block) for the same up to 128."""
     assert launch_specs.padded_head_dim(D) == padded
     for kernel in ("mma", "mma-fused", "wgmma"):
         assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == padded
     for kernel in ("wgmma-fused", "wgmma-ws"):
-        if one_kernel is not None:
-            assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == one_kernel
+        if D <= 128:
+            assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == padded
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):
@@ -762,7 +759,7 @@ def test_wgmma_refused_off_hopper(monkeypatch):
 def test_tensor_core_backward_matches_reference(kernel, dtype, D):
     """kernel='mma', 'mma-fused', 'wgmma', 'wgmma-fused' and 'wgmma-ws' against the float64 gradients and against the fp32 tiled kernels, odd sizes,
     Nq != Nk both ways (Nq > Nk causal: rows that see no key get dQ = 0), several tiles, negative scale; D = 40
-    runs the D = 64 kernels on zero-padded copies, D = 32 and 96 their own (the one-kernel wgmma ones: padded)."""
+    runs the D = 64 kernels on zero-padded copies, D = 32 and 96 their own."""
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
     for (Nq, Nk), scale in (((100, 100), None), ((37, 300), None), ((300, 37), -0.2), ((1, 517), None),
                             ((450, 450), 0.5)):
@@ -807,16 +804,17 @@ def test_tensor_core_backward_infinite_key_past_nq(kernel, causal):
 @gpu
 @hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_ws_backward_tiles_of_64_and_128_queries(dtype):
-    """wgmma_bwd_ws at D = 64 streams tiles of 128 queries (dQ split by rows between the warpgroups); tiles of 64
-    (its config at D = 128, dQ split by columns) stay selectable. Both against the float64 gradients, with Nq
+@pytest.mark.parametrize("D", [32, 64])
+def test_ws_backward_tiles_of_64_and_128_queries(dtype, D):
+    """wgmma_bwd_ws at D = 32 and 64 streams tiles of 128 queries (dQ split by rows between the warpgroups); tiles of
+    64 (its config at D = 96 and 128, dQ split by columns) stay selectable. Both against the float64 gradients, with Nq
     ending inside the first or the second half of its last 128-query tile (130, 200), one query, Nq < Nk and a
     window, and against each other (dK, dV: the same sums in another order of tiles; dQ: summed by the copy
     engine)."""
-    assert launch_specs.WGMMA_WS_BACKWARD_CONFIGS[64][0] == 128
+    assert launch_specs.WGMMA_WS_BACKWARD_CONFIGS[D][0] == 128
     tol = {"float16": 4e-3, "bfloat16": 3e-2}[dtype]
     for (Nq, Nk), window in (((130, 130), FULL), ((200, 333), CAUSAL), ((1, 257), FULL), ((450, 450), (37, 5))):
-        q, k, v, do = _inputs(2, 3, Nq, Nk, 64, dtype)
+        q, k, v, do = _inputs(2, 3, Nq, Nk, D, dtype)
         o, lse = launch_specs.run_forward(q, k, v, window, 0.125, "mma")
         ref = attention_reference_grads(q, k, v, do, softmax_scale=0.125, window_size=window)
         by_tile = {br: launch_specs.run_backward(q, k, v, o, lse, do, window, 0.125, "wgmma-ws", (br, 2))

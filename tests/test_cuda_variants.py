@@ -197,13 +197,11 @@ def test_forward_variants(kernel, dtype, D, case):
 
 
 # the backwards and the head dims they take: the one-kernel wgmma ones D <= 128, the mma ones and the two-kernel
-# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks); the mma ones and the
-# two-kernel wgmma one also D = 32 and 96 (the one-kernel wgmma ones pad those)
+# wgmma one D <= 256 (at D = 256 their dK/dV kernel splits the columns over two blocks); every one of them D = 32,
+# 64, 96 and 128
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
                  for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA, WGMMA_FUSED, WGMMA_WS)
-                 for D in (64, 128)] + \
-                [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
-                 for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA) for D in (32, 96)] + \
+                 for D in (32, 64, 96, 128)] + \
                 [pytest.param("mma", 256, id="mma-d256"), pytest.param("mma-fused", 256, id="mma-fused-d256"),
                  pytest.param("wgmma", 256, id="wgmma-d256", marks=WGMMA.marks)]
 
@@ -233,7 +231,8 @@ def test_backward_variants(kernel, D, dtype, case):
 @pytest.mark.parametrize("min_blocks", [1, 10**6])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (40, -1)), (False, (-1, 30)), (True, (50, -1))])
 @pytest.mark.parametrize("kernel", [WGMMA_WS])
-def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, monkeypatch):
+@pytest.mark.parametrize("D", [32, 64, 96])
+def test_ws_backward_block_order_with_gqa(kernel, D, causal, window, min_blocks, monkeypatch):
     """wgmma_bwd_ws starts its blocks tile-major where each loops over several query heads and the mask is
     bounded on one side (causal; a left bound alone, whose last tiles of keys go first; a right bound alone), and
     in grid order otherwise (both bounds): every block still runs once. Against the float64 gradients with the
@@ -243,7 +242,7 @@ def test_ws_backward_block_order_with_gqa(kernel, causal, window, min_blocks, mo
     launch_specs.clear_caches()
     try:
         Nq, Nk, Hq, Hk = 300, 420, 6, 2
-        q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, 64, "float16")
+        q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, "float16")
         kw = _kw(causal, window, 0.0, 0)
         p = launch_specs._problem(q, k, 0.125, (-1, -1))
         assert launch_specs.ws_backward_splits(p) == (1 if min_blocks == 1 else Hq // Hk)

@@ -23,10 +23,9 @@ import subprocess
 import sys
 
 CANDIDATES = {64: [(2, 64), (2, 128), (3, 64)], 128: [(2, 64), (1, 64), (3, 64)], 256: [(1, 32), (2, 32), (1, 64)],
-              32: [(2, 64)], 96: [(2, 64)]}  # D = 32, 96: the two-kernel wgmma backward compiled for them, beside
-# the one-kernel ones padded to 64 and 128
+              32: [(2, 64)], 96: [(2, 64)]}
 # wgmma-ws configs (queries per tile, stages) timed beside its default (launch_specs.WGMMA_WS_BACKWARD_CONFIGS)
-WS_CANDIDATES = {64: [(64, 2)], 128: []}
+WS_CANDIDATES = {32: [(64, 2)], 64: [(64, 2)], 96: [], 128: []}
 
 
 def main(argv=None) -> int:

@@ -28,8 +28,8 @@
 // that hold a visible pair; the dK/dV kernel runs one block per K/V head and loops over its group's query heads
 // (summing dK_j, dV_j in registers: no atomics, no copy of K/V); the keep mask is drawn again from the seed.
 // Head dims: the two kernels take D = 32, 64, 96, 128 and 256 (D = 32, 96: tiles in 32-column panels of the 64-byte
-// swizzle, wgmma_ops.cuh's Panels); the one-kernel backwards (wgmma_bwd_fused, wgmma_bwd_ws), whose dS and dQ
-// tiles are cut into pieces of 64-column panels, D = 64 and 128.
+// swizzle, wgmma_ops.cuh's Panels); the one-kernel backwards (wgmma_bwd_fused, wgmma_bwd_ws) D = 32, 64, 96 and
+// 128 (their dQ product's pieces: DqReduce).
 #include "backward_common.cuh"
 #include "common.cuh"
 #include "fragments.cuh"
@@ -155,6 +155,14 @@ struct NoDq {
 // time at D = 128: docs/results/cuda/backward_dq_swizzle/).
 // It permutes chunks inside aligned groups of 8 (128 bytes), so wgmma_bwd_dq_store's reads stay coalesced.
 __device__ __forceinline__ int dq_chunk(int r, int c) { return c ^ ((r & 3) << 1); }
+// Pieces of PQ = 16 or 48 floats (D = 32, 96): rows 64 or 192 bytes apart, so the half warp's 4 rows fall on the
+// 128 bytes' halves 0, 64, 0, 64 (rows r and r + 2 collide); XOR with r & 2 swaps the two 32-byte halves of each 64
+// in rows 2 and 3: every bank once. It permutes chunks inside aligned groups of 4 (64 bytes).
+__device__ __forceinline__ int dq_chunk_64(int r, int c) { return c ^ (r & 2); }
+template <int PQ>
+__device__ __forceinline__ int dq_chunk_of(int r, int c) {
+    return PQ % 32 == 0 ? dq_chunk(r, c) : dq_chunk_64(r, c);
+}
 
 // The one-kernel backward's third product (FlashAttention-2's Algorithm 2 and FlashAttention-3 compute dQ so):
 //   dQ_i += dS_ij K_j    summed over the K/V tiles j in float32 global memory (dQaccum)
@@ -169,24 +177,37 @@ __device__ __forceinline__ int dq_chunk(int r, int c) { return c ^ ((r & 3) << 1
 // the buffer lands in one contiguous piece: (B Hq, ceil(Nq / 64), NWG, 64, NQ), each 64 x NQ block row-major
 // with its 16-byte chunks swizzled (dq_chunk); wgmma_bwd_dq_store reads it back, times softmax_scale.
 // FIRST: the block's first thread of the NWG warpgroups (0; wgmma_bwd_ws: 128, after the producer warpgroup).
-// Br = 128 (wgmma_bwd_ws at D = 64, NWG = 2): the warpgroups split dQ_i by rows instead, warpgroup w computing
+// At D = 32 and 96 K_j is stored in 32-column panels: at D = 32 warpgroup w's NQ = 16 columns are half a panel (an
+// n16 product from column 16 w); at D = 96 its 48 are two products (SPLIT96); dQaccum's pieces of 16 or 48 floats
+// a row are swizzled by dq_chunk_64.
+// Br = 128 (wgmma_bwd_ws at D = 32 and 64, NWG = 2): the warpgroups split dQ_i by rows instead, warpgroup w computing
 // all D columns of queries [64 w, 64 w + 64) (dS_ij's rows 64 w .. as A; an n64 product, not an n32 one), and
 // handing the copy engine the whole 64 x D block of dQaccum those rows fall in (its NWG pieces, in their layout);
 // a block past Nq (valid_rows <= 64 w: the last tile of 128 queries may end inside its first 64) is not added.
 template <int D, int NWG, int Br, bool BF16, int FIRST = 0>
 struct DqReduce {
     static constexpr bool ROW_SPLIT = Br > 64;
-    static_assert(Br == 64 || (Br == 64 * NWG && D == 64), "tiles of 64 queries, or 64 per warpgroup at D = 64");
+    static_assert(NWG == 2 && (D == 32 || D == 64 || D == 96 || D == 128), "2 warpgroups; D in {32, 64, 96, 128}");
+    static_assert(Br == 64 || (Br == 64 * NWG && D <= 64), "tiles of 64 queries, or 64 per warpgroup at D <= 64");
     static constexpr int Bc = 64 * NWG, PQ = D / NWG;  // keys per block; columns of a piece of dQaccum's blocks
     static constexpr int NQ = ROW_SPLIT ? D : PQ;       // dQ columns per warpgroup
     static constexpr unsigned BUF_BYTES = 64 * NQ * 4;  // a warpgroup's buffer
+    // D = 96: a warpgroup's 48 columns (48 wg ..) would start inside a 32-column panel of K_j and leave it; both
+    // warpgroups issue the same two products instead (the branch-free code wgmma needs: a product in a branch is
+    // serialised), 32 columns from 64 wg and 16 from 32 + 16 wg, which together are the warpgroup's 48
+    static constexpr bool SPLIT96 = !ROW_SPLIT && D == 96;
+    // the column of the warpgroup's piece that column c of its accumulator is (SPLIT96: 64 wg + c, c < 32, and
+    // 32 + 16 wg + (c - 32) after it, less the piece's first column 48 wg)
+    __device__ __forceinline__ static int piece_col(int c, int wg) {
+        return !SPLIT96 ? c : c < 32 ? c + 16 * wg : c - 32 * wg;
+    }
     unsigned sdS;    // (Br, Bc) 16-bit, swizzled: panel w = warpgroup w's keys
     unsigned sK;     // K_j: (Bc, D)
     unsigned sdQ;    // NWG buffers of 64 x NQ floats
     float* dq_tile;  // dQaccum's block(s) of the tile (Br / 64 blocks of 64 x D floats: NWG pieces of 64 x PQ)
     int valid_rows = Br;  // the tile's queries before Nq
-    // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 64) registers of
-    // its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
+    // dQ_i's accumulator: the registers of S^T when it fills them (NQ = Br: D = 128); else (D = 32, 64, 96)
+    // registers of its own: a wgmma writing part of an array that other wgmmas use is serialised by the compiler
     mutable float own[NQ < Br ? NQ / 2 : 1];
     __device__ __forceinline__ auto acc(float (&s)[Br / 2]) const -> float (&)[NQ / 2] {
         if constexpr (NQ == Br)
@@ -212,10 +233,13 @@ struct DqReduce {
         pin(acc(s));
         wgmma_fence();
         if constexpr (ROW_SPLIT) {  // dQ_i rows 64 wg .. = dS_ij (those rows) K_j: A starts 64 rows into each panel
-            issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS + wg * 64 * 128, sK);
+            issue_ab_ss<D, Br, Bc, NQ, BF16>(acc(s), sdS + wg * 64 * 128, sK, 0);
+        } else if constexpr (SPLIT96) {  // columns 64 wg .. 64 wg + 31 (a whole panel), then 32 + 16 wg .. + 15
+            ab_ss<D, Br, Bc, 32, BF16>(reinterpret_cast<float(&)[16]>(acc(s)[0]), sdS, sK, 64 * wg);
+            ab_ss<D, Br, Bc, 16, BF16>(reinterpret_cast<float(&)[8]>(acc(s)[16]), sdS, sK, 32 + 16 * wg);
+            wgmma_commit();
         } else {  // dQ_i columns wg NQ .. = dS_ij K_j (those columns)
-            const int c0 = wg * NQ;
-            issue_ab_ss<Br, Bc, NQ, BF16>(acc(s), sdS, sK + (c0 / 64) * Bc * 128 + (c0 % 64) * 2);
+            issue_ab_ss<D, Br, Bc, NQ, BF16>(acc(s), sdS, sK, wg * NQ);
         }
     }
     __device__ __forceinline__ void add(float (&s)[Br / 2]) const {
@@ -233,8 +257,9 @@ struct DqReduce {
             for (int h = 0; h < 2; ++h) {  // h = 0: row g (elements 0, 1); h = 1: row g + 8 (elements 2, 3)
                 // column c of the warpgroup's NQ: piece c / PQ of the block (its own piece without ROW_SPLIT),
                 // column c % PQ there; c even: one 16-byte chunk
-                const int r = r0 + frag::acc_row(2 * h), c = frag::acc_col(n, 0), piece = c / PQ, cc = c % PQ;
-                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (dq_chunk(r, cc >> 2) << 2) + (cc & 3)),
+                const int r = r0 + frag::acc_row(2 * h), c = piece_col(frag::acc_col(n, 0), wg);
+                const int piece = c / PQ, cc = c % PQ;
+                st_shared_v2(buf + 4 * (piece * 64 * PQ + r * PQ + (dq_chunk_of<PQ>(r, cc >> 2) << 2) + (cc & 3)),
                              d[n][2 * h], d[n][2 * h + 1]);
             }
         fence_proxy_async();  // the buffer is visible to the copy engine ...
@@ -275,8 +300,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
                                            unsigned seed_lo, unsigned seed_hi) {
     static_assert((D == 32 || D == 64 || D == 96 || D == 128 || D == 256) && (Br == 32 || Br == 64 || Br == 128),
                   "D in {32, 64, 96, 128, 256}, Br in {32, 64, 128}");
-    static_assert(!DQ || (Br == 64 && NWG == 2 && (D == 64 || D == 128)),
-                  "the one-kernel backward: tiles of 64 queries, 2 warpgroups, D 64 or 128");
+    static_assert(!DQ || (Br == 64 && NWG == 2 && D <= 128),
+                  "the one-kernel backward: tiles of 64 queries, 2 warpgroups, D <= 128");
     constexpr int Bc = 64 * NWG, NTHREADS = NWG * 128;
     constexpr int DC = D > 128 ? 128 : D, NCOL = D / DC;  // columns of dK_j, dV_j per block; blocks per K/V tile
     constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = DQ ? Br * Bc * 2 + 64 * D * 4 : 0;
@@ -405,8 +430,8 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 // the other's 64 columns of dS_ij), and nowhere else: dS_ij alternates between two buffers, so a warpgroup
 // writing tile u + 2's dS cannot overwrite what the other's dQ product of tile u + 1 is still reading (it has
 // passed tile u + 2's barrier, which the other reaches only when it is done with tile u + 1).
-// Br: queries per streamed tile, 64, or 128 at D = 64 (launch_specs.WGMMA_WS_BACKWARD_CONFIGS: at D = 64 a tile of 64
-// queries is too little work between a tile's waits and barriers); with 128 the consumers split dQ_i by rows
+// Br: queries per streamed tile, 64, or 128 at D = 32 and 64 (launch_specs.WGMMA_WS_BACKWARD_CONFIGS: there a tile of
+// 64 queries is too little work between a tile's waits and barriers); with 128 the consumers split dQ_i by rows
 // (DqReduce) and compute dS before issuing dV's product (tile_pair's DV_BEFORE_DS), for registers.
 // Tensor maps (runtime.tensor_map): q and dO as (B Hq, Nq, D) with boxes of Br rows, k and v as (B Hk, Nk, D)
 // with boxes of 128 rows; rows past Nq or Nk come in as zeros.
@@ -429,8 +454,8 @@ __global__ void __launch_bounds__(384, 1)
                  int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
                  unsigned seed_lo, unsigned seed_hi) {
     using namespace wgmma_bwd_detail;
-    static_assert((D == 64 || D == 128) && (Br == 64 || (Br == 128 && D == 64)),
-                  "D in {64, 128}; Br 64 (or 128 at D = 64)");
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (Br == 64 || (Br == 128 && D <= 64)),
+                  "D in {32, 64, 96, 128}; Br 64 (or 128 at D = 32, 64)");
     constexpr int NWG = 2, Bc = 128;  // consumer warpgroups, keys per block
     using Dq = DqReduce<D, NWG, Br, BF16, 128>;
     constexpr unsigned KV_BYTES = Bc * D * 2, Q_BYTES = Br * D * 2, DS_BYTES = Br * Bc * 2;
@@ -516,7 +541,8 @@ __global__ void __launch_bounds__(384, 1)
     tma::regs_inc<240>();
     const int cwg = wg - 1, warp = tid / 32 - 4;  // consumer warpgroup (keys 64 cwg ..), consumer warp
     const int wkey = 64 * cwg + 16 * (warp % 4);   // the warp's first key in the block
-    const unsigned sK_wg = sK + 64 * cwg * 128, sV_wg = sV + 64 * cwg * 128;  // the warpgroup's 64 keys
+    constexpr int PB = Panels<D>::ROW_BYTES;        // a panel row: 128 bytes (64 columns), 64 at D = 32 and 96
+    const unsigned sK_wg = sK + 64 * cwg * PB, sV_wg = sV + 64 * cwg * PB;  // the warpgroup's 64 keys
     const int q_blocks = (Nq + 63) / 64;           // dQaccum's blocks of 64 rows per query head
     float dk[D / 2], dv[D / 2];   // the warpgroup's 64 rows of dK_j and dV_j, summed over the group
     float s[Br / 2], dp[Br / 2];  // S_ij^T -> P_ij^T, dP_ij^T -> dS_ij^T (then dQ_i at D = 128)
@@ -602,7 +628,7 @@ __global__ void wgmma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned s
     const long long row = e / D, bh = row / Nq;
     const int i = (int)(row % Nq), r = i % 64, w = d / NQ, c = d % NQ;
     const long long block = (bh * ((Nq + 63) / 64) + i / 64) * NWG + w;
-    const int chunk = wgmma_bwd_detail::dq_chunk(r, c >> 2);
+    const int chunk = wgmma_bwd_detail::dq_chunk_of<NQ>(r, c >> 2);
     const float4 a = *reinterpret_cast<const float4*>(dQaccum + block * 64 * NQ + r * NQ + (chunk << 2));
     *reinterpret_cast<uint2*>(dQ + e) = make_uint2(ptx::pack2<BF16>(a.x * softmax_scale, a.y * softmax_scale),
                                                    ptx::pack2<BF16>(a.z * softmax_scale, a.w * softmax_scale));
@@ -730,10 +756,20 @@ __global__ void __launch_bounds__(NWG * 128, 1)
     template __global__ void wgmma_bwd_dq_store<D, 2, BF>(const float*, unsigned short*, int, long long, float); \
     template __global__ void wgmma_bwd_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*,   \
                                                          float*, long long, long long);
+FA_WGMMA_FUSED_INST(32, false)
+FA_WGMMA_FUSED_INST(32, true)
+FA_WGMMA_FUSED_INST(96, false)
+FA_WGMMA_FUSED_INST(96, true)
 FA_WGMMA_FUSED_INST(64, false)
 FA_WGMMA_FUSED_INST(64, true)
 FA_WGMMA_FUSED_INST(128, false)
 FA_WGMMA_FUSED_INST(128, true)
+FA_WGMMA_WS_BWD_INST(32, 128, 2, false)
+FA_WGMMA_WS_BWD_INST(32, 128, 2, true)
+FA_WGMMA_WS_BWD_INST(32, 64, 2, false)
+FA_WGMMA_WS_BWD_INST(32, 64, 2, true)
+FA_WGMMA_WS_BWD_INST(96, 64, 2, false)
+FA_WGMMA_WS_BWD_INST(96, 64, 2, true)
 FA_WGMMA_WS_BWD_INST(64, 128, 2, false)
 FA_WGMMA_WS_BWD_INST(64, 128, 2, true)
 FA_WGMMA_WS_BWD_INST(64, 64, 2, false)
@@ -742,6 +778,10 @@ FA_WGMMA_WS_BWD_INST(128, 64, 2, false)
 FA_WGMMA_WS_BWD_INST(128, 64, 2, true)
 FA_WGMMA_KV_SUM_INST(false)
 FA_WGMMA_KV_SUM_INST(true)
+FA_WGMMA_DQ_STORE_INST(32, false)
+FA_WGMMA_DQ_STORE_INST(32, true)
+FA_WGMMA_DQ_STORE_INST(96, false)
+FA_WGMMA_DQ_STORE_INST(96, true)
 FA_WGMMA_DQ_STORE_INST(64, false)
 FA_WGMMA_DQ_STORE_INST(64, true)
 FA_WGMMA_DQ_STORE_INST(128, false)

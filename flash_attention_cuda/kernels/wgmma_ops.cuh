@@ -115,6 +115,7 @@ __device__ __forceinline__ void pin(unsigned (&r)[N][4]) {
 #define FA_D16 FA_D8(0), FA_D8(8)
 #define FA_D32 FA_D16, FA_D8(16), FA_D8(24)
 #define FA_D64 FA_D32, FA_D8(32), FA_D8(40), FA_D8(48), FA_D8(56)
+#define FA_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define FA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FA_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -185,7 +186,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long d
 template <int N, bool BF16>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], unsigned long long da, unsigned long long db,
                                             int accumulate) {
-    static_assert(N == 32 || N == 64, "n32 or n64");
+    static_assert(N == 16 || N == 32 || N == 64, "n16, n32 or n64");
+    if constexpr (N == 16 && !BF16) FA_WGMMA_SS(16, ".f16.f16", FA_R8, FA_D8(0), 8, 9, 10, 1);
+    if constexpr (N == 16 && BF16) FA_WGMMA_SS(16, ".bf16.bf16", FA_R8, FA_D8(0), 8, 9, 10, 1);
     if constexpr (N == 32 && !BF16) FA_WGMMA_SS(32, ".f16.f16", FA_R16, FA_D16, 16, 17, 18, 1);
     if constexpr (N == 32 && BF16) FA_WGMMA_SS(32, ".bf16.bf16", FA_R16, FA_D16, 16, 17, 18, 1);
     if constexpr (N == 64 && !BF16) FA_WGMMA_SS(64, ".f16.f16", FA_R32, FA_D32, 32, 33, 34, 1);
@@ -244,18 +247,25 @@ __device__ __forceinline__ void issue_ab(float (&d)[D / 2], const unsigned (&a)[
 }
 
 // d (64 x N) = A B for a warpgroup, both operands in shared memory: R / 16 k-steps of m64n(N)k16.
-// A: the warpgroup's 64 rows of a (A_ROWS, R) swizzled tile (K-major: its columns are the k index), read as
-// issue_abt reads its A; B: columns [c0, c0 + N) of a (R, D) tile read MN-major as issue_ab reads its B (N <= 64
-// columns inside one 64-column panel; sB_col = the tile's address + panel * R * 128 + (c0 % 64) * 2: the
-// swizzle is a function of the address, so a descriptor may start inside a 128-byte row). Used for
-// dQ += dS K with dS from shared memory. Committed as one group.
-template <int A_ROWS, int R, int N, bool BF16>
-__device__ __forceinline__ void issue_ab_ss(float (&d)[N / 2], unsigned sA_wg, unsigned sB_col) {
+// A: the warpgroup's 64 rows of a (A_ROWS, R) tile of 64-column panels (128-byte swizzle; K-major: its columns are
+// the k index), read as issue_abt reads its A; B: columns [c0, c0 + N) of a (R, D) tile of Panels<D>, read
+// MN-major as issue_ab reads its B. The descriptor may start inside a panel row (the swizzle is a function of the
+// address: c0 = 32 at D = 64 starts 64 bytes into the 128-byte rows), but its N = 16, 32 or 64 columns must stay
+// inside the panel. Used for dQ += dS K with dS from shared memory. ab_ss issues, issue_ab_ss also commits.
+template <int D, int A_ROWS, int R, int N, bool BF16>
+__device__ __forceinline__ void ab_ss(float (&d)[N / 2], unsigned sA_wg, unsigned sB, int c0) {
+    using P = Panels<D>;
+    const unsigned sB_col = sB + (c0 / P::COLS) * R * P::ROW_BYTES + (c0 % P::COLS) * 2;
 #pragma unroll
     for (int kk = 0; kk < R / 16; ++kk) {
         const unsigned long long da = make_desc(sA_wg + (kk / 4) * A_ROWS * 128 + (kk % 4) * 32, 16, 1024);
-        wgmma_ss_tb<N, BF16>(d, da, make_desc(sB_col + kk * 2048, R * 128, 1024), kk > 0);
+        const unsigned long long db = make_desc(sB_col + kk * 16 * P::ROW_BYTES, R * P::ROW_BYTES, P::ATOM, P::MODE);
+        wgmma_ss_tb<N, BF16>(d, da, db, kk > 0);
     }
+}
+template <int D, int A_ROWS, int R, int N, bool BF16>
+__device__ __forceinline__ void issue_ab_ss(float (&d)[N / 2], unsigned sA_wg, unsigned sB, int c0) {
+    ab_ss<D, A_ROWS, R, N, BF16>(d, sA_wg, sB, c0);
     wgmma_commit();
 }
 
