@@ -849,6 +849,58 @@ def head_dims_figures(R):
             ("docs/results/cuda/README.md", fwd)]
 
 
+ONE_KERNEL_BWD = "cuda/one_kernel_backward_32_96"  # wgmma-fused, wgmma-ws compiled for D = 32, 96 (3f8bd56), padded (4fbba50)
+
+
+def _one_kernel_rows(R):
+    """[(row of the compiled run, tflops of the padded run)] of the backward kernels alone at D = 32 and 96."""
+    old = {(r["D"], r["N"], r["causal"]): r["tflops"]
+           for r in R.json(f"{ONE_KERNEL_BWD}/padded_backward_kernels.json")["rows"]}
+    return [(r, old[(r["D"], r["N"], r["causal"])]) for r in R.json(f"{ONE_KERNEL_BWD}/backward_kernels.json")["rows"]]
+
+
+def t_one_kernel_backward(R, lang):
+    """The one-kernel wgmma backwards at D = 32 and 96, the kernels alone (B4 H16 fp16, tools/cuda_backward_kernels.py):
+    zero-padded to 64 and 128 (commit 4fbba50) -> compiled for D (3f8bd56), in one GPU session, with FA2's and
+    cuDNN's backward of the compiled run and wgmma-ws's ratios to them."""
+    out = []
+    for r, old in _one_kernel_rows(R):
+        t = r["tflops"]
+        out.append([r["D"], r["N"], H(lang, "yes" if r["causal"] else "no", "是" if r["causal"] else "否"),
+                    f0(t["sdpa-flash"]), f0(t["sdpa-cudnn"])]
+                   + [f"{f0(old[k])} → {f0(t[k])} ({f2(t[k] / old[k])}×)" for k in ("wgmma-ws", "wgmma-fused")]
+                   + [f"{f2(t['wgmma-ws'] / t['sdpa-flash'])}×", f"{f2(t['wgmma-ws'] / t['sdpa-cudnn'])}×"])
+    header = ["D", "N", H(lang, "causal", "因果"), "FA2", "cuDNN", "wgmma-ws", "wgmma-fused",
+              H(lang, "wgmma-ws ÷ FA2", "wgmma-ws ÷ FA2"), H(lang, "wgmma-ws ÷ cuDNN", "wgmma-ws ÷ cuDNN")]
+    return table(header, out, right={3, 4, 5, 6, 7, 8})
+
+
+def one_kernel_backward_figures(R):
+    """The figures quoted in prose about the one-kernel wgmma backwards compiled for D = 32 and 96: what compiling
+    gained (kernels alone), tiles of 128 against 64 queries at D = 32, and the public functions' backward against
+    FA2 and cuDNN (every row: fp16 and bf16, N 4096 and 16384, causal and not)."""
+    rows = _one_kernel_rows(R)
+
+    def gain(k, D):
+        return span([r["tflops"][k] / old[k] for r, old in rows if r["D"] == D], f2, "×")
+
+    def public(D, den):
+        return span([r["tflops"]["cuda-wgmma-ws"] / r["tflops"][den]
+                     for r in R.json(f"{ONE_KERNEL_BWD}/head_dim_{D}/hopper_summary.json")["rows"] if r["mode"] == "bwd"],
+                    f2, "×")
+
+    won = (f"{gain('wgmma-ws', 32)} the padded wgmma-ws at D = 32 and {gain('wgmma-ws', 96)} at D = 96 "
+           f"(wgmma-fused {gain('wgmma-fused', 32)} and {gain('wgmma-fused', 96)})")
+    tiles = span([r["tflops"]["wgmma-ws"] / r["tflops"]["wgmma-ws Br64"] for r, _ in rows if r["D"] == 32], f2, "×")
+    tiles = f"tiles of 128 queries {tiles} tiles of 64"
+    pub = " and ".join(f"{public(D, 'sdpa-flash')} FA2, {public(D, 'sdpa-cudnn')} cuDNN at D = {D}" for D in (96, 32))
+    return [("docs/performance.md", won), ("docs/performance.md", tiles), ("docs/performance.md", pub),
+            ("docs/backend_cuda.md", won), ("docs/backend_cuda.md", pub), ("README.md", pub),
+            ("docs/results/cuda/README.md", won), ("docs/results/cuda/README.md", pub),
+            (f"docs/results/{ONE_KERNEL_BWD}/README.md", won), (f"docs/results/{ONE_KERNEL_BWD}/README.md", tiles),
+            (f"docs/results/{ONE_KERNEL_BWD}/README.md", pub)]
+
+
 TABLES = {
     "hdim256": t_hdim256,
     "cpu-memory": t_cpu_memory,
@@ -871,6 +923,7 @@ TABLES = {
     "forward-tiles": t_forward_tiles,
     "forward-rescale-order": t_forward_rescale_order,
     "head-dims-32-96": t_head_dims,
+    "one-kernel-backward-32-96": t_one_kernel_backward,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -1166,7 +1219,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),

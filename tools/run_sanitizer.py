@@ -26,7 +26,7 @@ CASES = [  # (B, H, Nq, Nk, D)
     (1, 1, 37, 100, 128),
     (1, 1, 17, 33, 40),    # odd D for the fp32 rungs (the tensor-core rungs pad it to 64)
     (1, 1, 70, 100, 256),  # the tensor-core rungs' D = 256 (the wgmma backwards stop at 128: the mma one runs)
-    (1, 2, 100, 77, 96),   # D = 32 and 96: 64-byte swizzled panels (the wgmma backwards pad them to 64 and 128)
+    (1, 2, 100, 77, 96),   # D = 32 and 96: 64-byte swizzled panels
     (1, 1, 37, 100, 32),
 ]
 
