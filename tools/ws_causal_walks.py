@@ -27,9 +27,9 @@ SETTINGS = {
     "pairs": {"WGMMA_WS_PAIRS_BALANCE": 0.0},
     "longest first 16 MiB": {"WGMMA_WS_PAIRS_BALANCE": 2.0},
     "longest first 64 MiB": {"WGMMA_WS_PAIRS_BALANCE": 2.0, "WGMMA_WS_SECTION_BYTES": 64 << 20},
-    "longest first, one section": {"WGMMA_WS_PAIRS_BALANCE": 2.0, "WGMMA_WS_SECTION_BYTES": 1 << 62},
+    "longest first all heads": {"WGMMA_WS_PAIRS_BALANCE": 2.0, "WGMMA_WS_SECTION_BYTES": 1 << 62},
     "block per item 16 MiB": {"WGMMA_WS_PERSISTENT_UNITS_PER_SM": 0},
-    "block per item, one section": {"WGMMA_WS_PERSISTENT_UNITS_PER_SM": 0, "WGMMA_WS_SECTION_BYTES": 1 << 62},
+    "block per item all heads": {"WGMMA_WS_PERSISTENT_UNITS_PER_SM": 0, "WGMMA_WS_SECTION_BYTES": 1 << 62},
 }
 SHAPES = "1x32x8x16384x128,1x32x1x16384x128,1x32x32x16384x128,4x16x16x16384x128,4x32x32x16384x64,2x32x8x4096x128," \
          "4x16x16x4096x128"
