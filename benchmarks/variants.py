@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 
 from . import measure, report
@@ -113,38 +114,51 @@ def _first_output(out):
     return o.detach().float() if hasattr(o, "detach") else o
 
 
-def run_case(case, names, by_name, device, inputs, *, repeats):
-    """One row per backend in ``names`` for ``case`` (ours: the registry's; the rest: PyTorch alternatives)."""
+def run_case(case, names, by_name, device, inputs, *, repeats, rounds=1):
+    """One row per backend in ``names`` for ``case`` (ours: the registry's; the rest: PyTorch alternatives).
+
+    rounds > 1: every backend is timed once a round, in turn, and the row keeps the median of its rounds (and
+    each round's time, ``round_ms``), so that a slow spell of the GPU falls on every backend alike instead of on
+    whichever came at that moment."""
     from flash_attention_py.common import attention_flops
 
     flops = attention_flops(case["B"], case["Hq"], case["N"], case["N"], case["D"], causal=case["causal"],
                             mode=case["mode"], window_size=case["window"])
-    rows, first = [], None
+    rows, first, live = [], None, {}  # live: backend -> (its row, the timed call, its target)
     for name in names:
         target = by_name[name]
         row = dict(case, window=list(case["window"]), backend=name, ours=isinstance(target, RegistryTarget), gflop=flops / 1e9,
                    status="skipped", reason="", time_ms=None, tflops=None, max_abs_vs_alternative=None)
+        rows.append(row)
         reason = _why_not(target, case, device)
         if reason is not None:
             row["reason"] = reason
-            rows.append(row)
             continue
         try:
             with target.context():
                 fn = target.prepare(inputs, case["causal"], case["mode"], **_variant_kwargs(case))
                 out = fn()
-                ms = measure.time_call(fn, device=device, repeats=repeats)[0]
-            row.update(status="ok", time_ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
             if not case["dropout_p"]:
                 o = _first_output(out)
                 if first is None and not row["ours"]:
                     first = o
                 row["_out"] = o
+            live[name] = (row, fn, target)
         except NotImplementedError as exc:
             row.update(status="unsupported", reason=short_reason(exc))
         except Exception as exc:  # noqa: BLE001 - a failure is a row, not the end of the run
             row.update(status="failed", reason=short_reason(exc))
-        rows.append(row)
+    for _ in range(rounds):
+        for name, (row, fn, target) in list(live.items()):
+            try:
+                with target.context():
+                    row.setdefault("round_ms", []).append(measure.time_call(fn, device=device, repeats=repeats)[0])
+            except Exception as exc:  # noqa: BLE001
+                row.update(status="failed", reason=short_reason(exc))
+                del live[name]
+    for row, _, _ in live.values():
+        ms = statistics.median(row["round_ms"])
+        row.update(status="ok", time_ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
     for row in rows:
         o = row.pop("_out", None)
         if o is not None and first is not None and row["ours"]:
@@ -219,7 +233,9 @@ def markdown(table, meta):
              f"Reproduce: `{meta.get('command')}`" + (f" (tables: its sections {', '.join(meta['sections'])})"
                                                        if meta.get("sections") else ""), "",
              ("Times are medians of CUDA-event timings (triton.testing.do_bench)" if meta.get("device") == "cuda"
-              else "Times are medians of time.perf_counter timings") + " in ms; x = best alternative's time / "
+              else "Times are medians of time.perf_counter timings")
+             + (f" (each backend timed once a round, in turn; the median of {meta['rounds']} rounds)"
+                if meta.get("rounds", 1) > 1 else "") + " in ms; x = best alternative's time / "
              "ours (above 1: ours is faster). fwd: the forward alone; bwd: the backward alone. TFLOP/s count visible "
              "scores only. The alternative's name is the fastest PyTorch kernel that ran the case.", ""]
     scaling = [e for e in table if e["section"] == "window-scaling"]
@@ -335,6 +351,9 @@ def build_parser():
                    help="comma-separated subset of the sections")
     p.add_argument("--backends", default=",".join(OURS),
                    help="our backends to time (registry names), comma-separated; default: %(default)s")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every backend of a case once a round, in turn, this many rounds, and keep each one's "
+                        "median (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -352,6 +371,8 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"benchmarks.variants: --sections: unknown {sorted(unknown)}; "
                          "expected window-scaling, window, gqa, dropout")
+    if args.rounds < 1:
+        raise SystemExit(f"benchmarks.variants: --rounds must be at least 1, got {args.rounds}")
     if args.rebuild:
         return rebuild(args.out, sections)
     todo = [c for c in cases(args.quick) if c["section"] in sections]
@@ -363,6 +384,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     meta = report.environment(device, argv)
     meta["command"] = "python -m benchmarks.variants " + " ".join(argv)
+    meta["rounds"] = args.rounds
     from tqdm.auto import tqdm
 
     rows, inputs, last = [], None, None
@@ -376,7 +398,7 @@ def main(argv=None):
                                  dtype=case["dtype"], device=device)
             last = shape
         names = ours + (("flex",) if case["section"] == "window-scaling" else ALTERNATIVES[case["section"]])
-        got = run_case(case, names, by_name, device, inputs, repeats=5 if args.quick else 10)
+        got = run_case(case, names, by_name, device, inputs, repeats=5 if args.quick else 10, rounds=args.rounds)
         rows += got
         with open(os.path.join(args.out, "variants.partial.json"), "w") as f:  # what a cut-off run leaves
             json.dump(dict(meta=meta, rows=rows), f, default=str)
