@@ -14,7 +14,7 @@
 #   bash .ci/gpu_run.sh --out results/gpu hopper       # every GPU backend, fp16/bf16, fwd/bwd, beside FA2 and cuDNN:
 #                                                      # hopper_summary.json (the hopper preset)
 #   bash .ci/gpu_run.sh --out results/gpu variants     # window, GQA and dropout beside FlexAttention and SDPA
-#                                                      # (python -m benchmarks.variants)
+#                                                      # (python -m benchmarks.variants, ROUNDS=3 rounds in turn)
 #   bash .ci/gpu_run.sh --out results/gpu kernels      # the Hopper forward and backward kernels alone, every tile
 #                                                      # config, beside FA2 and cuDNN (tools/cuda_*_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)
@@ -84,7 +84,7 @@ for step in "$@"; do
         --out "$OUT/hopper" > "$OUT/hopper.log" 2>&1
       echo "hopper rc=$?"; tail -n 30 "$OUT/hopper/hopper_summary.md" ;;
     variants)
-      timeout "${VARIANTS_S:-500}" python3 -m benchmarks.variants --no-progress \
+      timeout "${VARIANTS_S:-900}" python3 -m benchmarks.variants --no-progress --rounds "${ROUNDS:-3}" \
         --out "$OUT/variants" > "$OUT/variants.log" 2>&1
       echo "variants rc=$?"; grep -E "^\|" "$OUT/variants/variants.md" | head -n 60 ;;
     kernels)

@@ -981,6 +981,28 @@ def variants_figures(R):
     ]
 
 
+def gqa_rounds_figures(R):
+    """The GQA record taken in rounds (benchmarks.variants --rounds): the rounds' times of its weakest forward rows
+    beside cuDNN's, and wgmma-ws's causal forward alone under every walk (tools/ws_causal_walks.py)."""
+    rows = R.json("benchmark/h100-variants/gqa/variants.json")["rows"]
+
+    def rounds(backend, hk, causal):
+        r = next(r for r in rows if (r["backend"], r["Hk"], r["N"], r["causal"], r["mode"]) ==
+                 (backend, hk, 16384, causal, "fwd"))
+        return span(r["round_ms"], lambda x: f"{x:.2f}"), r["time_ms"]
+
+    def row(hk, causal):
+        (ours, ms), (cudnn, ms_c) = rounds("cuda-wgmma-ws", hk, causal), rounds("sdpa-cudnn", hk, causal)
+        return f"{ours} ms against {cudnn} ({f2(ms_c / ms)}×)"
+
+    walks = R.json("cuda/ws_causal_walks/ws_causal_walks.json")["rows"]
+    w = next(r for r in walks if (r["B"], r["Hq"], r["Hk"], r["N"]) == (1, 32, 8, 16384))
+    ours = [v for k, v in w["ms"].items() if k != "cudnn"]
+    walk = f"within {span(ours, lambda x: f'{x:.2f}')} ms, beside cuDNN's {w['ms']['cudnn']:.2f}"
+    return [("docs/performance.md", row(8, True)), ("docs/performance.md", row(1, False)),
+            ("docs/performance.md", walk)]
+
+
 def mma_backward_figures(R):
     """The mma rung's two backwards (kernel 'mma', two kernels; 'mma-fused', one kernel with atomic dQ) beside FA2,
     from cuda/mma_backward/backward_kernels.json (tools/cuda_backward_kernels.py --mma-only)."""
@@ -1219,7 +1241,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),

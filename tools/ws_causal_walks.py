@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                 text=True).stdout.strip())
-    lines = [f"# PYTHONPATH=. python tools/ws_sections.py {' '.join(argv if argv is not None else sys.argv[1:])}",
+    lines = [f"# PYTHONPATH=. python tools/ws_causal_walks.py {' '.join(argv if argv is not None else sys.argv[1:])}",
              f"# {torch.cuda.get_device_name()}, commit {commit}{' (dirty)' if dirty else ''}; wgmma-ws causal forward "
              f"alone, fp16, do_bench median ms (median of {args.rounds} rounds; TFLOP/s in brackets)",
              "B x Hq x Hk x N x D | library's grid | " + " | ".join(names) + " | cuDNN"]
