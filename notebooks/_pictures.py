@@ -432,18 +432,48 @@ def longest_hidden_softmax(consumers: int = 2, rescale_in_turn: bool = True, cyc
 # ------------------------------------------------------------------ notebook 08: the dQ sums' 8-byte stores
 def dq_chunk(r: int, c: int, swizzle: str = "new") -> int:
     """Where 16-byte chunk c of row r of a warp group's dQ buffer is stored in wgmma_backward.cu (DqReduce):
-    "new" c ^ 2 (r % 4) (``dq_chunk`` there, since commit 82d7a26), "old" c ^ (r % 8), "none" c."""
-    return {"new": c ^ ((r & 3) << 1), "old": c ^ (r % 8), "none": c}[swizzle]
+    "new" c ^ 2 (r % 4) (``dq_chunk`` there, since commit 82d7a26), "old" c ^ (r % 8), "none" c; "64" c ^ (r & 2)
+    (``dq_chunk_64``: the rows of 16 or 48 floats of D = 32 and 96)."""
+    return {"new": c ^ ((r & 3) << 1), "old": c ^ (r % 8), "none": c, "64": c ^ (r & 2)}[swizzle]
 
 
-def dq_store_banks(lane: int, n: int = 0, swizzle: str = "new") -> tuple[int, int]:
+def dq_store_banks(lane: int, n: int = 0, swizzle: str = "new", row_floats: int = 64) -> tuple[int, int]:
     """The two shared-memory banks (4 bytes each) that ``lane`` of a warp writes with its 8-byte store of
-    accumulator columns 8n + 2t, 8n + 2t + 1 in row g (g = lane // 4, t = lane % 4) of a buffer whose rows are a
-    multiple of 128 bytes long: float 2t % 4 of chunk 2n + t // 2."""
+    accumulator columns 8n + 2t, 8n + 2t + 1 in row g (g = lane // 4, t = lane % 4) of a buffer whose rows are
+    ``row_floats`` floats long (64 at D = 128; 48 and 16 at D = 96 and 32): float 2t % 4 of chunk 2n + t // 2."""
     g, t = divmod(lane, 4)
     chunk = dq_chunk(g, 2 * n + t // 2, swizzle)
-    first = (4 * chunk + 2 * (t % 2)) % 32
+    first = (g * row_floats + 4 * chunk + 2 * (t % 2)) % 32
     return first, first + 1
+
+
+def dq_pieces(D: int, wg: int) -> list[tuple[int, int]]:
+    """The products (first column of K_j, columns) warp group ``wg`` (0 or 1) issues for its D / 2 columns of
+    dQ_i += dS_ij K_j in the one-kernel wgmma backward with tiles of 64 queries (wgmma_backward.cu, DqReduce). K_j
+    is stored in panels of 64 columns (32 at D = 32 and 96), and a product's columns stay inside one panel: at
+    D = 96 both warp groups issue 32 columns from 64 wg and 16 from 32 + 16 wg."""
+    if D == 96:
+        return [(64 * wg, 32), (32 + 16 * wg, 16)]
+    return [(wg * D // 2, D // 2)]
+
+
+def draw_dq_pieces(ax, dims=(32, 64, 96, 128)) -> None:
+    """K_j's column panels for each head dim (a row each), and the products of the two warp groups on them."""
+    import matplotlib.pyplot as plt
+
+    for y, D in enumerate(dims):
+        cols = 64 if D % 64 == 0 else 32
+        for p0 in range(0, D, cols):  # the panels
+            ax.add_patch(plt.Rectangle((p0, y + 0.05), cols, 0.9, fill=False, edgecolor="black", lw=1.2))
+        for wg, color in ((0, "tab:blue"), (1, "tab:orange")):
+            for c0, n in dq_pieces(D, wg):
+                ax.add_patch(plt.Rectangle((c0 + 0.6, y + 0.2 + 0.3 * wg), n - 1.2, 0.28, color=color))
+                ax.text(c0 + n / 2, y + 0.34 + 0.3 * wg, f"wg{wg} n{n}", ha="center", va="center", fontsize=6,
+                        color="white")
+    ax.set_xlim(0, max(dims)); ax.set_ylim(len(dims), 0)
+    ax.set_yticks([y + 0.5 for y in range(len(dims))], [f"D = {D}" for D in dims])
+    ax.set_xticks(range(0, max(dims) + 1, 16)); ax.tick_params(labelsize=6)
+    ax.set_xlabel("column of K_j (black: a panel; a product's columns stay inside one)", fontsize=7)
 
 
 def draw_dq_store_banks(axes, n: int = 0) -> None:

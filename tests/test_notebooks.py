@@ -318,3 +318,27 @@ def test_dq_store_banks_follow_the_kernel():
         for swizzle, banks, ways in (("new", 32, 1), ("old", 16, 2)):
             hits = [b for lane in range(16) for b in pic.dq_store_banks(lane, n, swizzle)]
             assert len(set(hits)) == banks and max(hits.count(b) for b in hits) == ways, (n, swizzle)
+    # D = 32 and 96: rows of 16 and 48 floats, swizzled by dq_chunk_64 (read from the source too)
+    expr = re.search(r"int dq_chunk_64\(int r, int c\) \{ return ([^;]+); \}", src).group(1)
+    for r in range(16):
+        for c in range(12):
+            assert pic.dq_chunk(r, c, "64") == eval(expr, {"r": r, "c": c}), (r, c, expr)  # noqa: S307
+    for row_floats, chunks in ((16, 4), (48, 12)):
+        for n in range(chunks // 2):
+            for swizzle, ways in (("64", 1), ("none", 2)):
+                hits = [b for lane in range(16) for b in pic.dq_store_banks(lane, n, swizzle, row_floats)]
+                assert max(hits.count(b) for b in hits) == ways, (row_floats, n, swizzle)
+
+
+def test_dq_pieces_stay_inside_the_panels():
+    """Notebook 08's dQ products of the one-kernel wgmma backward: the two warp groups' pieces cover their D / 2
+    columns each, and none leaves a panel of K_j (64 columns; 32 at D = 32 and 96: wgmma_ops.cuh's Panels)."""
+    pic = _pictures()
+    for D in (32, 64, 96, 128):
+        cols = 64 if D % 64 == 0 else 32
+        for wg in (0, 1):
+            pieces = pic.dq_pieces(D, wg)
+            covered = sorted(c for c0, n in pieces for c in range(c0, c0 + n))
+            assert covered == list(range(wg * D // 2, (wg + 1) * D // 2)), (D, wg)
+            assert all(c0 // cols == (c0 + n - 1) // cols and n in (16, 32, 64) for c0, n in pieces), (D, wg)
+        assert [n for _, n in pic.dq_pieces(D, 0)] == [n for _, n in pic.dq_pieces(D, 1)], D  # the same products
