@@ -433,6 +433,11 @@ def t_hopper_targets(R, lang):
     out.append([H(lang, "forward, best of ours ≥ 1.0× cuDNN (D 64/128, N ≥ 4096, fp16/bf16, causal and not)",
                   "前向，我们最快者 ≥ 1.0× cuDNN（D 64/128，N ≥ 4096，fp16/bf16，因果与否）"),
                 span(ours_fwd, f2, "×"), verdict(ours_fwd, 1.0)])
+    rounds = _forward_rounds(R)
+    out.append([H(lang, "the same, cuda-wgmma-ws timed in 3 rounds, each backend once a round in turn "
+                        "(tools/forward_rounds.py)",
+                  "同上，cuda-wgmma-ws 分 3 轮计时，每轮依次把每个后端各计时一次（tools/forward_rounds.py）"),
+                span(rounds, f2, "×"), verdict(rounds, 1.0)])
     d128 = [r for r in fwd if r["D"] == 128 and r["dtype"] == "float16" and not r["causal"]]
     best = max(max(r["tflops"].get(n) or 0 for n in OURS_FWD) for r in d128)
     out.append([H(lang, "stretch: 648 TFLOP/s forward at D128 fp16, not causal (FlashAttention-3's paper)",
@@ -460,6 +465,36 @@ def t_hopper_targets(R, lang):
     out += _seed_targets(R, lang)
     header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
     return table(header, out)
+
+
+def _forward_rounds(R):
+    """cuda-wgmma-ws's forward over cuDNN's in the rounds record (cuda/forward_rounds), every row."""
+    return [r["tflops"]["cuda-wgmma-ws"] / r["tflops"]["sdpa-cudnn"]
+            for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"]]
+
+
+def t_forward_rounds(R, lang):
+    """The hopper preset's forward rows at N >= 4096 taken in rounds (tools/forward_rounds.py): TFLOP/s of the
+    median of the rounds, and cuda-wgmma-ws over cuDNN."""
+    out = []
+    for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"]:
+        t = r["tflops"]
+        out.append([{"float16": "fp16", "bfloat16": "bf16"}[r["dtype"]], r["D"], r["N"],
+                    H(lang, "yes" if r["causal"] else "no", "是" if r["causal"] else "否"),
+                    f0(t["sdpa-flash"]), f0(t["sdpa-cudnn"]), f0(t["cuda-wgmma-ws"]),
+                    f"{f2(t['cuda-wgmma-ws'] / t['sdpa-cudnn'])}×"])
+    header = [H(lang, "dtype", "类型"), "D", "N", H(lang, "causal", "因果"), "FA2", "cuDNN", "cuda-wgmma-ws",
+              H(lang, "÷ cuDNN", "÷ cuDNN")]
+    return table(header, out, right={4, 5, 6, 7})
+
+
+def forward_rounds_figures(R):
+    """The rounds record's figures quoted in prose."""
+    vals = _forward_rounds(R)
+    best = max(r["tflops"]["cuda-wgmma-ws"] for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"])
+    text = (f"{span(vals, f2, '×')} cuDNN, at or above 1.0× in {sum(v >= 1.0 for v in vals)} of {len(vals)} cases "
+            f"(up to {best:.0f} TFLOP/s)")
+    return [("docs/performance.md", text), ("README.md", text), ("docs/results/cuda/README.md", text)]
 
 
 def _head_dim_target(lang):
@@ -924,6 +959,7 @@ TABLES = {
     "forward-rescale-order": t_forward_rescale_order,
     "head-dims-32-96": t_head_dims,
     "one-kernel-backward-32-96": t_one_kernel_backward,
+    "forward-rounds": t_forward_rounds,
     "variants-window": t_variants_window,
     "variants-compare": t_variants_compare,
 }
@@ -1241,7 +1277,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + forward_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
