@@ -147,7 +147,7 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
 
         {VARIANTS}
 
-    kernel: 'wgmma-ws' (fp16/bf16, D <= 128 (padded to 64 or 128), Hopper only: one kernel on warpgroup tensor
+    kernel: 'wgmma-ws' (fp16/bf16, D <= 128 (padded to 32, 64, 96 or 128), Hopper only: one kernel on warpgroup tensor
     cores, warp-specialised (a producer warpgroup loads through TMA), dQ summed in float32 by the copy engine, so
     dQ is not bitwise reproducible; wgmma_bwd_ws in kernels/wgmma_backward.cu) | 'wgmma-fused' (the same kernel
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic;
