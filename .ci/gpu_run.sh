@@ -4,7 +4,7 @@
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #                                                      # (TESTS="files ..." and PYTEST_K="expression": a subset;
 #                                                      # about 15 minutes on an H100: XDIST_S, default 1500 s)
-#   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration
+#   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration (ROUNDS=3 rounds in turn)
 #   bash .ci/gpu_run.sh --out results/gpu seed-calling # the same backward rows, each backward on the calling thread
 #                                                      # (--autograd-thread calling: autograd's multithreading off)
 #   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep
@@ -51,11 +51,11 @@ for step in "$@"; do
       grep -E "^SKIPPED" "$OUT/pytest_xdist.log" | sort | uniq -c | sort -rn | head -n 12
       grep -E "^E  |Error:|assert" "$OUT/pytest_xdist.log" | head -n 30 ;;
     seed)
-      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode both --no-progress \
+      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode both --rounds "${ROUNDS:-3}" --no-progress \
         --out "$OUT/h100-seed" > "$OUT/bench_seed.log" 2>&1
       echo "seed rc=$?"; tail -n 40 "$OUT/bench_seed.log" ;;
     seed-calling)
-      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode bwd --autograd-thread calling \
+      timeout "${SEED_S:-150}" python3 -m benchmarks --seed-config --causal both --mode bwd --rounds "${ROUNDS:-3}" --autograd-thread calling \
         --no-progress --out "$OUT/h100-seed-calling-thread" > "$OUT/bench_seed_calling.log" 2>&1
       echo "seed (calling thread) rc=$?"; tail -n 40 "$OUT/bench_seed_calling.log" ;;
     sweep)
@@ -80,7 +80,7 @@ for step in "$@"; do
         --out "$OUT/triton/triton-vs-fa2" > "$OUT/triton_vs_fa2.log" 2>&1
       echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md" ;;
     hopper)
-      timeout "${HOPPER_S:-500}" python3 -m benchmarks --preset hopper --no-progress \
+      timeout "${HOPPER_S:-580}" python3 -m benchmarks --preset hopper --no-progress \
         --out "$OUT/hopper" > "$OUT/hopper.log" 2>&1
       echo "hopper rc=$?"; tail -n 30 "$OUT/hopper/hopper_summary.md" ;;
     variants)

@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -164,6 +165,11 @@ def build_parser():
     p.add_argument("--repeats", type=_positive_int, default=None,
                    help="CPU: timed runs per case (median, min, max; default 5). GPU: runs of a slow case (do_bench "
                         "times the fast ones itself)")
+    p.add_argument("--rounds", type=_positive_int, default=None,
+                   help="time every case in this many rounds: each backend of a (shape, N, dtype, mode, causal) once a "
+                        "round, in turn, so that a slow spell of the GPU falls on all of them alike; a row keeps the "
+                        "median of its rounds (round_ms: each round's), and the rounds share one timing's budget "
+                        "(default: the preset's, else 1)")
     p.add_argument("--budget-s", type=_positive_float, default=1.0,
                    help="CPU: stop repeating a case once this many seconds are spent (after 3 runs; default 1)")
     p.add_argument("--max-call-s", type=_positive_float, default=None,
@@ -208,7 +214,7 @@ def resolve(args, parser, targets):
     if named is not None and args.seed_config:
         parser.error("--preset and --seed-config cannot be combined")
     if named is not None:
-        defaults.update(n=named.n, repeats=named.repeats, max_call_s=named.max_call_s)
+        defaults.update(n=named.n, repeats=named.repeats, max_call_s=named.max_call_s, rounds=named.rounds)
         if args.quick:  # the preset's two smallest N
             defaults["n"] = ",".join(str(n) for n in parse_sizes(named.n)[:2])
     elif args.quick:
@@ -225,6 +231,7 @@ def resolve(args, parser, targets):
     cfg["B"], cfg["H"], cfg["D"] = shapes[0]
     cfg["repeats"] = args.repeats or defaults["repeats"]
     cfg["budget_s"] = args.budget_s
+    cfg["rounds"] = args.rounds or defaults.get("rounds", 1)
     cfg["max_call_s"] = args.max_call_s or defaults["max_call_s"]
     cfg["timer"] = named.timer if named is not None else "device"
     cfg["max_n"] = dict(named.max_n) if named is not None else {}
@@ -536,7 +543,7 @@ def autograd_thread(cfg, target):
 def run_case(case, target, cfg, history, inputs=None):
     """Measure one case; returns the row (a dict). Never raises for a backend's failure."""
     row = dict(case)
-    row.update(status="ok", reason="", time_ms=math.nan, time_lo_ms=math.nan, time_hi_ms=math.nan,
+    row.update(status="ok", reason="", time_ms=math.nan, time_lo_ms=math.nan, time_hi_ms=math.nan, round_ms=None,
                spread_pct=math.nan, n_runs=None, timer="", gflop=math.nan, tflops=math.nan,
                mem_peak_mb=math.nan, mem_extra_mb=math.nan, mem_method="", speedup_vs_naive=math.nan,
                ref="", max_abs_vs_ref=math.nan)
@@ -606,11 +613,9 @@ def run_case(case, target, cfg, history, inputs=None):
             out = None
             peak, extra, method = measure.peak_memory(fn, device=device, array=target.array)
             row.update(mem_peak_mb=peak / 2**20, mem_extra_mb=extra / 2**20, mem_method=method)
-            med, lo, hi, n, timer = measure.time_call(fn, device=device, timer=cfg.get("timer", "device"),
-                                                      repeats=cfg["repeats"], budget_s=cfg["budget_s"])
-        row.update(time_ms=med, time_lo_ms=lo, time_hi_ms=hi, n_runs=n, timer=timer,
-                   spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
-                   tflops=flops / (med * 1e-3) / 1e12 if med > 0 else math.nan)
+            med, lo, hi, n, timer = _time(fn, cfg, device)
+        row.update(time_ms=med, time_lo_ms=lo, time_hi_ms=hi, n_runs=n, timer=timer, round_ms=[med])
+        settle_rounds(row)
         history[group] = (flops, med * 1e-3, _size_label(Nq, Nk))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, and the sweep goes on
         row.update(_failure(exc))
@@ -618,6 +623,57 @@ def run_case(case, target, cfg, history, inputs=None):
         del x, fn, out
         _cleanup(device, row["status"] != "ok")
     return row
+
+
+def _time(fn, cfg, device):
+    """One timing of a prepared call, a share of the case's budget when the case is timed in rounds."""
+    return measure.time_call(fn, device=device, timer=cfg.get("timer", "device"), repeats=cfg["repeats"],
+                             budget_s=cfg["budget_s"], turns=cfg.get("rounds", 1))
+
+
+def time_again(row, case, target, cfg, inputs):
+    """One more round of a case that ran (--rounds): the call prepared again on the same inputs and timed as
+    in run_case; the row gains this round's median (``round_ms``) and widens its low and high to this round's.
+    A failure in a later round makes the row an error, as a failure in the first would."""
+    x = fn = None
+    try:
+        x = inputs.get(case, target.array)
+        with target.context(), autograd_thread(cfg, target):
+            fn = target.prepare(x, case["causal"], case["mode"])
+            med, lo, hi, _, _ = _time(fn, cfg, case["device"])
+        row["round_ms"].append(med)
+        row.update(time_lo_ms=min(row["time_lo_ms"], lo), time_hi_ms=max(row["time_hi_ms"], hi))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, and the sweep goes on
+        row.update(_failure(exc, prefix=f"round {len(row['round_ms']) + 1}: "), time_ms=math.nan, tflops=math.nan,
+                   spread_pct=math.nan)
+    finally:
+        del x, fn
+        _cleanup(case["device"], row["status"] != "ok")
+
+
+def settle_rounds(row):
+    """time_ms = the median of the row's rounds (round_ms), and the columns that follow from it; the timer names
+    the rounds where there are several."""
+    rounds = row["round_ms"]
+    med = statistics.median(rounds)
+    lo, hi = row["time_lo_ms"], row["time_hi_ms"]
+    row.update(time_ms=med, spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
+               tflops=row["gflop"] * 1e9 / (med * 1e-3) / 1e12 if med > 0 else math.nan)
+    if len(rounds) > 1:
+        row["timer"] = row["timer"].split(", median of ")[0] + f", median of {len(rounds)} rounds taken in turn"
+
+
+def turns(order, cases):
+    """``order`` (run_order's) cut into runs of consecutive cases that differ in the backend alone: the cases
+    timed in turn, once a round, under --rounds."""
+    key = lambda c: tuple(c[k] for k in ("device", "dtype", "mode", "causal", "B", "H", "Nq", "Nk", "D"))  # noqa: E731
+    runs = []
+    for i in order:
+        if runs and key(cases[runs[-1][-1]]) == key(cases[i]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 def compare(row, case, out, reference, inputs):
@@ -685,7 +741,8 @@ def dry_run(cfg, by_name):
     shapes = report.shapes_text(cfg)
     print(f"{cfg.get('preset') or 'sweep'} on {cfg['device']}: {len(cases)} cases; {shapes}; N "
           f"{', '.join(_size_label(*p) for p in cfg['sizes'])}; (mode, causal) "
-          f"{', '.join(m + (' causal' if c else '') for m, c in cfg['combos'])}; timer {cfg['timer']}; "
+          f"{', '.join(m + (' causal' if c else '') for m, c in cfg['combos'])}; timer {cfg['timer']}"
+          f"{f' in {n} rounds' if (n := cfg['rounds']) > 1 else ''}; "
           f"reference {cfg['reference'] or 'none'}; output {cfg['out']}")
     for c in cases:
         t = by_name[c["backend"]]
@@ -741,18 +798,34 @@ def _run(cfg, args, argv, targets, by_name):
     # each finished case is appended here at once, so a run that is killed (a time limit) keeps what it measured;
     # python -m benchmarks.replot FOLDER builds the files from it
     partial = open(os.path.join(cfg["out"], report.PARTIAL), "w")
-    bar = tqdm(total=len(cases), unit="case", desc="benchmark", file=sys.stderr, dynamic_ncols=True,
+    n_rounds = cfg["rounds"]
+    bar = tqdm(total=len(cases) * n_rounds, unit="timing", desc="benchmark", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress) if tqdm else None
-    for i in run_order(cases):
+
+    def step(i, what):
         case = cases[i]
-        label = f"{case['backend']} {case['dtype']} {case['mode']}{' causal' if case['causal'] else ''} Nq={case['Nq']} Nk={case['Nk']}"
         if bar is not None:
-            bar.set_postfix_str(label, refresh=True)
-        rows[i] = run_case(case, by_name[case["backend"]], cfg, history, inputs)
-        partial.write(json.dumps(report.clean({k: rows[i].get(k) for k in report.COLUMNS}), allow_nan=False) + "\n")
+            bar.set_postfix_str(f"{case['backend']} {case['dtype']} {case['mode']}{' causal' if case['causal'] else ''} "
+                                f"Nq={case['Nq']} Nk={case['Nk']}{what}", refresh=True)
+
+    for turn in turns(run_order(cases), cases):  # the backends of one case, each once a round, in turn
+        for i in turn:
+            step(i, f" (round 1 of {n_rounds})" if n_rounds > 1 else "")
+            rows[i] = run_case(cases[i], by_name[cases[i]["backend"]], cfg, history, inputs)
+            if bar is not None:
+                bar.update(1)
+        for r in range(2, n_rounds + 1):
+            for i in turn:
+                if rows[i]["status"] == "ok":
+                    step(i, f" (round {r} of {n_rounds})")
+                    time_again(rows[i], cases[i], by_name[cases[i]["backend"]], cfg, inputs)
+                if bar is not None:
+                    bar.update(1)
+        for i in turn:
+            if rows[i]["status"] == "ok":
+                settle_rounds(rows[i])
+            partial.write(json.dumps(report.clean({k: rows[i].get(k) for k in report.COLUMNS}), allow_nan=False) + "\n")
         partial.flush()
-        if bar is not None:
-            bar.update(1)
     inputs.clear()
     partial.close()
     if bar is not None:
@@ -762,6 +835,7 @@ def _run(cfg, args, argv, targets, by_name):
 
     meta = report.environment(cfg["device"], argv if argv is not None else sys.argv[1:])
     meta["wall_s"] = wall
+    meta["rounds"] = n_rounds
     meta.update(measure.thread_info())
     config = {k: v for k, v in cfg.items() if k != "sizes"}
     config["sizes"] = [list(p) for p in cfg["sizes"]]

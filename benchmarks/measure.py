@@ -130,9 +130,11 @@ def peak_memory(fn, *, device: str, array: str):
 
 
 # ------------------------------------------------------------------------------------ time
-def time_cpu(fn, *, repeats: int, budget_s: float):
+def time_cpu(fn, *, repeats: int, budget_s: float, turns: int = 1):
     """Median, min, max (ms) and run count over up to ``repeats`` runs (at least min(3, repeats));
-    stops early once ``budget_s`` seconds have been spent."""
+    stops early once ``budget_s`` seconds have been spent. turns > 1 (one of that many timings taken in turn,
+    as in :func:`time_gpu`): ceil(repeats / turns) runs and budget_s / turns."""
+    repeats, budget_s = -(-repeats // turns), budget_s / turns
     times = []
     start = time.perf_counter()
     for i in range(repeats):
@@ -164,15 +166,20 @@ def _sync_time(fn):
 # 1.42x FlashAttention-2 in two rounds a moment apart (docs/performance.md §7).
 SHORT_CALL_MS = 1.0
 SHORT_CALL_ROUNDS = 3
+DO_BENCH_WARMUP_MS, DO_BENCH_REP_MS = 25, 100  # do_bench's warm-up and repetition times per timing
 
 
-def time_gpu(fn, *, repeats: int):
+def time_gpu(fn, *, repeats: int, turns: int = 1):
     """Median, 20th and 80th percentile (ms), run count (None: do_bench's own) and timer name.
 
     The first call only estimates the time; when it is long it may have compiled or autotuned (Triton tunes a
     new length bucket on its first call), so a second call estimates again before the slow path is chosen.
     A call under SHORT_CALL_MS gets SHORT_CALL_ROUNDS rounds of do_bench: the median of their medians, the
     lowest 20th and the highest 80th percentile.
+
+    turns > 1: this is one of ``turns`` timings of the same call taken in turn with other backends' (the
+    benchmark's --rounds), which share one timing's budget: do_bench's warm-up and repetition times are divided
+    by ``turns``, a short call gets ceil(SHORT_CALL_ROUNDS / turns) rounds, a slow one ceil(runs / turns) runs.
     """
     est = _sync_time(fn)
     if est >= 0.2:
@@ -183,15 +190,16 @@ def time_gpu(fn, *, repeats: int):
         except Exception:
             do_bench = None
         if do_bench is not None:
-            rounds = [do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])]
+            warmup, rep = DO_BENCH_WARMUP_MS / turns, DO_BENCH_REP_MS / turns
+            rounds = [do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])]
             if rounds[0][0] < SHORT_CALL_MS:
-                rounds += [do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
-                           for _ in range(SHORT_CALL_ROUNDS - 1)]
+                rounds += [do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
+                           for _ in range(-(-SHORT_CALL_ROUNDS // turns) - 1)]
             timer = "triton.testing.do_bench" + (f", median of {len(rounds)} rounds" if len(rounds) > 1 else "")
             return (float(statistics.median(r[0] for r in rounds)), float(min(r[1] for r in rounds)),
                     float(max(r[2] for r in rounds)), None, timer)
     n = max(1, min(repeats, 5)) if est >= 0.2 else max(3, repeats)
-    ms = [_sync_time(fn) * 1e3 for _ in range(n)]
+    ms = [_sync_time(fn) * 1e3 for _ in range(-(-n // turns))]
     return statistics.median(ms), min(ms), max(ms), n, "cuda.synchronize+perf_counter"
 
 
@@ -230,19 +238,21 @@ TIMERS = ("device", "host")
 
 
 def time_call(fn, *, device: str, timer: str = "device", repeats: int = 5, budget_s: float = 1.0,
-              host_calls: int = 2000):
+              host_calls: int = 2000, turns: int = 1):
     """Time ``fn`` the one way the benchmark does: returns (median ms, low ms, high ms, runs, timer name).
 
     timer='device': :func:`time_gpu` on a GPU (do_bench median, 20th/80th percentiles), :func:`time_cpu`
-    on a CPU (median, min, max); timer='host': :func:`time_host` (host time per call).
+    on a CPU (median, min, max); timer='host': :func:`time_host` (host time per call). turns: this timing is
+    one of that many of the same call taken in turn, which share one timing's budget (the device timers; the
+    host timer takes its own batches every time).
     """
     if timer == "host":
         return time_host(fn, device=device, calls=host_calls)
     if timer != "device":
         raise ValueError(f"time_call: timer must be one of {TIMERS}, got {timer!r}")
     if device == "cuda":
-        return time_gpu(fn, repeats=repeats)
-    return time_cpu(fn, repeats=repeats, budget_s=budget_s)
+        return time_gpu(fn, repeats=repeats, turns=turns)
+    return time_cpu(fn, repeats=repeats, budget_s=budget_s, turns=turns)
 
 
 def time_once(fn, *, device: str) -> float:

@@ -43,6 +43,7 @@ class Preset:
     shapes: (B, H, D) triples; n: sizes as ``--n`` takes them; combos: (mode, causal) pairs;
     dtypes: backend -> dtypes it is timed in; max_n: backend -> the largest N it is timed at (the slow
     fp32 rungs), larger cases are recorded as skipped; timer: 'device' or 'host' (see measure.time_call);
+    rounds: the default of --rounds (each backend of a case timed once a round, in turn);
     config_sweep: kernels whose tile configs ``--sweep`` times first; summary: (rows, context) ->
     {file name: text}, the side-by-side files written beside results.json.
     """
@@ -59,6 +60,7 @@ class Preset:
     timer: str = "device"
     device: str = "cuda"
     repeats: int = 10
+    rounds: int = 1
     max_call_s: float = 10.0
     config_sweep: tuple = ()
     summary: Optional[Callable] = None
@@ -233,15 +235,20 @@ def hopper_summary(rows, ctx):
         w["tflops"][r["backend"]] = round(r["tflops"], 2)
     order = sorted(wide, key=lambda k: (k[0] != "fwd", k[1], k[5], k[6], k[4], k[2], k[3]))
     out = [wide[k] for k in order]
+    rounds = meta.get("rounds", 1)
     doc = {"commit": meta.get("git_commit"), "dirty": meta.get("git_dirty"), "gpu": meta.get("gpu"),
            "torch": meta.get("torch"), "triton": meta.get("triton"), "command": meta.get("command"),
-           "unit": "TFLOP/s = 4*B*H*N*N*D (x0.5 causal, x2.5 backward) / median time (triton.testing.do_bench)",
+           "unit": "TFLOP/s = 4*B*H*N*N*D (x0.5 causal, x2.5 backward) / median time (triton.testing.do_bench)"
+                   + (f"; the median of {rounds} rounds, every backend of a row timed once a round, in turn"
+                      if rounds > 1 else ""),
+           "rounds": rounds,
            "rows": out}
     names = [n for n in HOPPER_NAMES if any(n in w["tflops"] for w in out)]
     ours = [n for n in names if not n.startswith("sdpa-")]
     md = _header("Every GPU backend beside FlashAttention-2 and cuDNN, TFLOP/s", ctx,
                  f"git commit {meta.get('git_commit')}{' (with local changes)' if meta.get('git_dirty') else ''}. "
-                 "x FA2 / x cuDNN: the backend's TFLOP/s over theirs.")
+                 + (f"Each time is the median of {rounds} rounds, every backend of a row timed once a round, in "
+                    "turn. " if rounds > 1 else "") + "x FA2 / x cuDNN: the backend's TFLOP/s over theirs.")
     md += ["| mode | dtype | causal | B | H | D | N | " + " | ".join(names) + " | "
            + " | ".join(f"{n} x FA2 | {n} x cuDNN" for n in ours) + " |",
            "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 2 * len(ours))]
@@ -308,7 +315,7 @@ PRESETS = {p.name: p for p in (
                        "bf16, forward and backward, causal and not; hopper_summary.json",
            backends=HOPPER_NAMES, shapes=SHAPES, n="1024,4096,16384",
            combos=(("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)), reference="sdpa-flash",
-           dtypes={n: ("float16", "bfloat16") for n in HOPPER_NAMES}, summary=hopper_summary),
+           dtypes={n: ("float16", "bfloat16") for n in HOPPER_NAMES}, rounds=3, summary=hopper_summary),
 )}
 
 

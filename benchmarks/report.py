@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 COLUMNS = [
     "backend", "rung", "device", "dtype", "mode", "causal", "B", "H", "Nq", "Nk", "D",
-    "status", "reason", "time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "n_runs", "timer",
+    "status", "reason", "time_ms", "time_lo_ms", "time_hi_ms", "spread_pct", "n_runs", "timer", "round_ms",
     "gflop", "tflops", "mem_peak_mb", "mem_extra_mb", "mem_method", "speedup_vs_naive", "ref", "max_abs_vs_ref",
 ]
 PLOTS = ("tflops.png", "memory.png", "speedup.png")
@@ -191,7 +191,14 @@ def write_csv(path, rows):
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if clean(r.get(k)) is None else r.get(k)) for k in COLUMNS})
+            w.writerow({k: _cell(r.get(k)) for k in COLUMNS})
+
+
+def _cell(x):
+    """A CSV cell: empty for a missing or non-finite value, a list (round_ms) as its values between spaces."""
+    if isinstance(x, (list, tuple)):
+        return " ".join(str(v) for v in x)
+    return "" if clean(x) is None else x
 
 
 def report_markdown(rows, *, meta, config, matmul_peak, plots=True):

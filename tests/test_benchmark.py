@@ -289,6 +289,12 @@ def test_gpu_timer_glue(monkeypatch):
     assert measure.SHORT_CALL_ROUNDS == 3
     assert measure.time_gpu(lambda: None, repeats=3) == (0.051, 0.04, 0.11, None,
                                                          "triton.testing.do_bench, median of 3 rounds")
+    # one of 3 timings taken in turn (--rounds 3): a third of do_bench's time, and one round for a short call
+    reps = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, warmup, rep, quantiles: reps.append((warmup, rep)) or [0.05, 0.04, 0.06])
+    assert measure.time_gpu(lambda: None, repeats=3, turns=3) == (0.05, 0.04, 0.06, None, "triton.testing.do_bench")
+    assert reps == [(measure.DO_BENCH_WARMUP_MS / 3, measure.DO_BENCH_REP_MS / 3)]
 
 
 def test_cpu_naive_too_big_is_oom_not_run(tmp_path):
@@ -767,3 +773,61 @@ def test_ws_block_order_rewrites_the_kernels_choice():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="ws_block_order: needs a CUDA GPU"):
             wbo.main(["--out", "/tmp/unused"])
+
+
+def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch):
+    """--rounds 3: every backend of a case is timed once a round, in turn (A, B, A, B, A, B), each timing gets a
+    third of the budget, and a row keeps the median of its rounds and each round's time."""
+    from benchmarks import measure
+
+    seen = []
+
+    def fake_cpu(fn, *, repeats, budget_s, turns=1):
+        seen.append(turns)
+        fn()
+        ms = float(len(seen))  # the k-th timing reads k ms
+        return ms, ms - 0.5, ms + 0.5, 1, "time.perf_counter"
+
+    monkeypatch.setattr(measure, "time_cpu", fake_cpu)
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "3", "--out", out,
+                           "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16", "--no-progress"]) == 0
+    assert seen == [3] * 6
+    header, rows, doc = _read(out)
+    got = {r["backend"]: r for r in doc["results"]}
+    assert got["numpy-v2"]["round_ms"] == [1.0, 3.0, 5.0] and got["numpy-v2"]["time_ms"] == 3.0
+    assert got["naive-torch"]["round_ms"] == [2.0, 4.0, 6.0] and got["naive-torch"]["time_ms"] == 4.0
+    assert got["naive-torch"]["time_lo_ms"] == 1.5 and got["naive-torch"]["time_hi_ms"] == 6.5
+    assert all(r["timer"] == "time.perf_counter, median of 3 rounds taken in turn" for r in doc["results"])
+    assert doc["meta"]["rounds"] == 3 and doc["config"]["rounds"] == 3
+    assert {r["backend"]: r["round_ms"] for r in rows} == {"numpy-v2": "1.0 3.0 5.0", "naive-torch": "2.0 4.0 6.0"}
+    with open(os.path.join(out, "cases.jsonl")) as f:
+        assert [json.loads(line)["round_ms"] for line in f] == [[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]
+
+
+def test_a_failure_in_a_later_round_makes_the_row_an_error(tmp_path, monkeypatch):
+    from benchmarks import measure
+
+    count = []
+
+    def fake_cpu(fn, *, repeats, budget_s, turns=1):
+        count.append(1)
+        if len(count) == 4:  # naive-torch's second round
+            raise RuntimeError("the device went away")
+        return 1.0, 1.0, 1.0, 1, "time.perf_counter"
+
+    monkeypatch.setattr(measure, "time_cpu", fake_cpu)
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "2", "--out", out,
+                           "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16", "--no-progress"]) == 0
+    got = {r["backend"]: r for r in _read(out)[2]["results"]}
+    assert got["numpy-v2"]["status"] == "ok" and got["numpy-v2"]["round_ms"] == [1.0, 1.0]
+    assert got["naive-torch"]["status"] == "error" and got["naive-torch"]["time_ms"] is None
+    assert got["naive-torch"]["reason"].startswith("round 2: ") and "the device went away" in got["naive-torch"]["reason"]
+
+
+def test_the_hopper_preset_times_in_three_rounds(capsys):
+    assert cli.main(["--preset", "hopper", "--dry-run"]) == 0
+    assert "timer device in 3 rounds" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(CPU + ["--rounds", "0", "--dry-run"])
