@@ -659,8 +659,8 @@ def settle_rounds(row):
     lo, hi = row["time_lo_ms"], row["time_hi_ms"]
     row.update(time_ms=med, spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
                tflops=row["gflop"] * 1e9 / (med * 1e-3) / 1e12 if med > 0 else math.nan)
-    if len(rounds) > 1:
-        row["timer"] = row["timer"].split(", median of ")[0] + f", median of {len(rounds)} rounds taken in turn"
+    if len(rounds) > 1 and "taken in turn" not in row["timer"]:
+        row["timer"] += f"; the median of {len(rounds)} rounds taken in turn"
 
 
 def turns(order, cases):

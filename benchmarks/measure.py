@@ -179,7 +179,8 @@ def time_gpu(fn, *, repeats: int, turns: int = 1):
 
     turns > 1: this is one of ``turns`` timings of the same call taken in turn with other backends' (the
     benchmark's --rounds), which share one timing's budget: do_bench's warm-up and repetition times are divided
-    by ``turns``, a short call gets ceil(SHORT_CALL_ROUNDS / turns) rounds, a slow one ceil(runs / turns) runs.
+    by ``turns`` (a short call still gets its SHORT_CALL_ROUNDS rounds, each that much shorter: a slow spell of
+    the host then has to last through most of them to move the median), a slow one ceil(runs / turns) runs.
     """
     est = _sync_time(fn)
     if est >= 0.2:
@@ -194,7 +195,7 @@ def time_gpu(fn, *, repeats: int, turns: int = 1):
             rounds = [do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])]
             if rounds[0][0] < SHORT_CALL_MS:
                 rounds += [do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
-                           for _ in range(-(-SHORT_CALL_ROUNDS // turns) - 1)]
+                           for _ in range(SHORT_CALL_ROUNDS - 1)]
             timer = "triton.testing.do_bench" + (f", median of {len(rounds)} rounds" if len(rounds) > 1 else "")
             return (float(statistics.median(r[0] for r in rounds)), float(min(r[1] for r in rounds)),
                     float(max(r[2] for r in rounds)), None, timer)

@@ -289,12 +289,19 @@ def test_gpu_timer_glue(monkeypatch):
     assert measure.SHORT_CALL_ROUNDS == 3
     assert measure.time_gpu(lambda: None, repeats=3) == (0.051, 0.04, 0.11, None,
                                                          "triton.testing.do_bench, median of 3 rounds")
-    # one of 3 timings taken in turn (--rounds 3): a third of do_bench's time, and one round for a short call
+    # one of 3 timings taken in turn (--rounds 3): each do_bench gets a third of its time; a short call keeps its
+    # SHORT_CALL_ROUNDS rounds, a long one gets one
     reps = []
     monkeypatch.setattr(triton.testing, "do_bench",
                         lambda fn, warmup, rep, quantiles: reps.append((warmup, rep)) or [0.05, 0.04, 0.06])
-    assert measure.time_gpu(lambda: None, repeats=3, turns=3) == (0.05, 0.04, 0.06, None, "triton.testing.do_bench")
-    assert reps == [(measure.DO_BENCH_WARMUP_MS / 3, measure.DO_BENCH_REP_MS / 3)]
+    assert measure.time_gpu(lambda: None, repeats=3, turns=3) == (0.05, 0.04, 0.06, None,
+                                                                  "triton.testing.do_bench, median of 3 rounds")
+    assert reps == [(measure.DO_BENCH_WARMUP_MS / 3, measure.DO_BENCH_REP_MS / 3)] * measure.SHORT_CALL_ROUNDS
+    reps.clear()
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, warmup, rep, quantiles: reps.append((warmup, rep)) or [5.0, 4.9, 5.2])
+    assert measure.time_gpu(lambda: None, repeats=3, turns=3) == (5.0, 4.9, 5.2, None, "triton.testing.do_bench")
+    assert len(reps) == 1
 
 
 def test_cpu_naive_too_big_is_oom_not_run(tmp_path):
@@ -798,7 +805,7 @@ def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch):
     assert got["numpy-v2"]["round_ms"] == [1.0, 3.0, 5.0] and got["numpy-v2"]["time_ms"] == 3.0
     assert got["naive-torch"]["round_ms"] == [2.0, 4.0, 6.0] and got["naive-torch"]["time_ms"] == 4.0
     assert got["naive-torch"]["time_lo_ms"] == 1.5 and got["naive-torch"]["time_hi_ms"] == 6.5
-    assert all(r["timer"] == "time.perf_counter, median of 3 rounds taken in turn" for r in doc["results"])
+    assert all(r["timer"] == "time.perf_counter; the median of 3 rounds taken in turn" for r in doc["results"])
     assert doc["meta"]["rounds"] == 3 and doc["config"]["rounds"] == 3
     assert {r["backend"]: r["round_ms"] for r in rows} == {"numpy-v2": "1.0 3.0 5.0", "naive-torch": "2.0 4.0 6.0"}
     with open(os.path.join(out, "cases.jsonl")) as f:
