@@ -4,7 +4,7 @@
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #                                                      # (TESTS="files ..." and PYTEST_K="expression": a subset;
 #                                                      # about 15 minutes on an H100: XDIST_S, default 1500 s)
-#   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration (ROUNDS=3 rounds in turn)
+#   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration (ROUNDS=3 rounds, each a pass over the run)
 #   bash .ci/gpu_run.sh --out results/gpu seed-calling # the same backward rows, each backward on the calling thread
 #                                                      # (--autograd-thread calling: autograd's multithreading off)
 #   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep

@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -170,6 +171,11 @@ def build_parser():
                         "round, in turn, so that a slow spell of the GPU falls on all of them alike; a row keeps the "
                         "median of its rounds (round_ms: each round's), and the rounds share one timing's budget "
                         "(default: the preset's, else 1)")
+    p.add_argument("--round-order", choices=("run", "case"), default="run",
+                   help="with --rounds: 'run' (default) takes round 1 of every case, then round 2 of every case, and "
+                        "so on, so that the rounds of one row lie minutes apart and a slow spell of the host (seconds "
+                        "long) moves one of them, which the median outvotes; 'case' takes a case's rounds back to "
+                        "back, seconds apart")
     p.add_argument("--budget-s", type=_positive_float, default=1.0,
                    help="CPU: stop repeating a case once this many seconds are spent (after 3 runs; default 1)")
     p.add_argument("--max-call-s", type=_positive_float, default=None,
@@ -232,6 +238,7 @@ def resolve(args, parser, targets):
     cfg["repeats"] = args.repeats or defaults["repeats"]
     cfg["budget_s"] = args.budget_s
     cfg["rounds"] = args.rounds or defaults.get("rounds", 1)
+    cfg["round_order"] = args.round_order
     cfg["max_call_s"] = args.max_call_s or defaults["max_call_s"]
     cfg["timer"] = named.timer if named is not None else "device"
     cfg["max_n"] = dict(named.max_n) if named is not None else {}
@@ -397,7 +404,8 @@ def run_order(cases):
 
 class InputCache:
     """make_inputs for the current (sizes, dtype): one draw per array kind, dropped when they change; also
-    holds the reference backend's outputs at these inputs (``reference``/``set_reference``)."""
+    holds the reference backend's outputs at these inputs (``reference``/``set_reference``). torch inputs for a
+    GPU are drawn on the GPU (make_inputs(draw='device')): with --round-order run every round draws them again."""
 
     def __init__(self):
         self.key, self.store = None, {}
@@ -409,7 +417,9 @@ class InputCache:
             self.key = key
         if kind not in self.store:
             B, H, Nq, Nk, D = (case[k] for k in ("B", "H", "Nq", "Nk", "D"))
-            self.store[kind] = make_inputs(B, H, Nq, Nk, D, dtype=case["dtype"], kind=kind, device=case["device"])
+            draw = "device" if kind == "torch" and case["device"] == "cuda" else "host"  # seconds less at large N
+            self.store[kind] = make_inputs(B, H, Nq, Nk, D, dtype=case["dtype"], kind=kind, device=case["device"],
+                                           draw=draw)
         return self.store[kind]
 
     def clear(self):
@@ -562,8 +572,8 @@ def run_case(case, target, cfg, history, inputs=None):
                                             f"at N <= {max_n} only")
         return row
     # A host allocation that does not fit may bring in the OOM killer rather than a MemoryError. make_inputs
-    # draws q, k, v, dO on the host in float64 (then casts, and copies to the GPU); on the CPU, naive-style
-    # backends add the (Nq, Nk) score matrices.
+    # draws q, k, v, dO on the host in float64 (then casts; torch inputs for a GPU are drawn there, InputCache, so
+    # the bound is loose); on the CPU, naive-style backends add the (Nq, Nk) score matrices.
     need = 4 * B * H * max(Nq, Nk) * D * (8 + _itemsize(dtype))
     quadratic = device == "cpu" and case["backend"] in QUADRATIC_MEMORY
     if quadratic:
@@ -651,16 +661,36 @@ def time_again(row, case, target, cfg, inputs):
         _cleanup(case["device"], row["status"] != "ok")
 
 
-def settle_rounds(row):
-    """time_ms = the median of the row's rounds (round_ms), and the columns that follow from it; the timer names
-    the rounds where there are several."""
+# how the rounds of a row were taken (--round-order), as the timer and the summaries name it
+ROUND_ORDER_TEXT = {"run": "one per pass over the whole run", "case": "taken in turn, back to back"}
+_ROUNDS_SUFFIX = re.compile(r"; the median of \d+ rounds.*$")
+
+
+def settle_rounds(row, order="run"):
+    """time_ms = the median of the row's rounds so far (round_ms), and the columns that follow from it; the timer
+    names the rounds where there are several, and how they were taken (``order``: ROUND_ORDER_TEXT)."""
     rounds = row["round_ms"]
     med = statistics.median(rounds)
     lo, hi = row["time_lo_ms"], row["time_hi_ms"]
     row.update(time_ms=med, spread_pct=100.0 * (hi - lo) / med if med > 0 else math.nan,
                tflops=row["gflop"] * 1e9 / (med * 1e-3) / 1e12 if med > 0 else math.nan)
-    if len(rounds) > 1 and "taken in turn" not in row["timer"]:
-        row["timer"] += f"; the median of {len(rounds)} rounds taken in turn"
+    row["timer"] = _ROUNDS_SUFFIX.sub("", row["timer"])
+    if len(rounds) > 1:
+        row["timer"] += f"; the median of {len(rounds)} rounds, {ROUND_ORDER_TEXT[order]}"
+
+
+def _jsonl(row):
+    """One line of cases.jsonl: the row's columns."""
+    return json.dumps(report.clean({k: row.get(k) for k in report.COLUMNS}), allow_nan=False) + "\n"
+
+
+def _rewrite(partial, rows):
+    """cases.jsonl again, one line per case with the rounds it has so far (--round-order run: a row gains its
+    later rounds long after it was first written), so that a run cut short keeps every round it took."""
+    partial.seek(0)
+    partial.truncate()
+    partial.writelines(_jsonl(row) for row in rows)
+    partial.flush()
 
 
 def turns(order, cases):
@@ -739,10 +769,11 @@ def dry_run(cfg, by_name):
     before running it (the backend is unavailable here, does not take the case, or the preset caps its N)."""
     cases = make_cases(cfg, by_name)
     shapes = report.shapes_text(cfg)
+    rounds = f" in {cfg['rounds']} rounds, {ROUND_ORDER_TEXT[cfg.get('round_order', 'run')]}" if cfg["rounds"] > 1 else ""
     print(f"{cfg.get('preset') or 'sweep'} on {cfg['device']}: {len(cases)} cases; {shapes}; N "
           f"{', '.join(_size_label(*p) for p in cfg['sizes'])}; (mode, causal) "
           f"{', '.join(m + (' causal' if c else '') for m, c in cfg['combos'])}; timer {cfg['timer']}"
-          f"{f' in {n} rounds' if (n := cfg['rounds']) > 1 else ''}; "
+          f"{rounds}; "
           f"reference {cfg['reference'] or 'none'}; output {cfg['out']}")
     for c in cases:
         t = by_name[c["backend"]]
@@ -808,24 +839,37 @@ def _run(cfg, args, argv, targets, by_name):
             bar.set_postfix_str(f"{case['backend']} {case['dtype']} {case['mode']}{' causal' if case['causal'] else ''} "
                                 f"Nq={case['Nq']} Nk={case['Nk']}{what}", refresh=True)
 
-    for turn in turns(run_order(cases), cases):  # the backends of one case, each once a round, in turn
+    order = cfg.get("round_order", "run")
+
+    def again(turn, r):  # round r of the cases of one turn that are still ok
+        for i in turn:
+            if rows[i]["status"] == "ok":
+                step(i, f" (round {r} of {n_rounds})")
+                time_again(rows[i], cases[i], by_name[cases[i]["backend"]], cfg, inputs)
+                if rows[i]["status"] == "ok":
+                    settle_rounds(rows[i], order)
+            if bar is not None:
+                bar.update(1)
+
+    all_turns = turns(run_order(cases), cases)
+    for turn in all_turns:  # round 1: the backends of one case in turn (the memory pass and the reference too)
         for i in turn:
             step(i, f" (round 1 of {n_rounds})" if n_rounds > 1 else "")
             rows[i] = run_case(cases[i], by_name[cases[i]["backend"]], cfg, history, inputs)
             if bar is not None:
                 bar.update(1)
-        for r in range(2, n_rounds + 1):
-            for i in turn:
-                if rows[i]["status"] == "ok":
-                    step(i, f" (round {r} of {n_rounds})")
-                    time_again(rows[i], cases[i], by_name[cases[i]["backend"]], cfg, inputs)
-                if bar is not None:
-                    bar.update(1)
+        if order == "case":  # the case's later rounds at once, back to back
+            for r in range(2, n_rounds + 1):
+                again(turn, r)
         for i in turn:
-            if rows[i]["status"] == "ok":
-                settle_rounds(rows[i])
-            partial.write(json.dumps(report.clean({k: rows[i].get(k) for k in report.COLUMNS}), allow_nan=False) + "\n")
+            partial.write(_jsonl(rows[i]))
         partial.flush()
+    if order == "run":  # the later rounds, each a pass over the whole run in the same order; the inputs drawn again
+        for r in range(2, n_rounds + 1):
+            inputs.clear()
+            for turn in all_turns:
+                again(turn, r)
+                _rewrite(partial, [rows[i] for t in all_turns for i in t if rows[i] is not None])
     inputs.clear()
     partial.close()
     if bar is not None:
@@ -836,6 +880,7 @@ def _run(cfg, args, argv, targets, by_name):
     meta = report.environment(cfg["device"], argv if argv is not None else sys.argv[1:])
     meta["wall_s"] = wall
     meta["rounds"] = n_rounds
+    meta["round_order"] = order
     meta.update(measure.thread_info())
     config = {k: v for k, v in cfg.items() if k != "sizes"}
     config["sizes"] = [list(p) for p in cfg["sizes"]]

@@ -235,20 +235,22 @@ def hopper_summary(rows, ctx):
         w["tflops"][r["backend"]] = round(r["tflops"], 2)
     order = sorted(wide, key=lambda k: (k[0] != "fwd", k[1], k[5], k[6], k[4], k[2], k[3]))
     out = [wide[k] for k in order]
-    rounds = meta.get("rounds", 1)
+    rounds, order = meta.get("rounds", 1), meta.get("round_order", "case")
+    how = ("each round a pass over the whole run" if order == "run" else "a row's rounds back to back")
     doc = {"commit": meta.get("git_commit"), "dirty": meta.get("git_dirty"), "gpu": meta.get("gpu"),
            "torch": meta.get("torch"), "triton": meta.get("triton"), "command": meta.get("command"),
            "unit": "TFLOP/s = 4*B*H*N*N*D (x0.5 causal, x2.5 backward) / median time (triton.testing.do_bench)"
-                   + (f"; the median of {rounds} rounds, every backend of a row timed once a round, in turn"
+                   + (f"; the median of {rounds} rounds, every backend of a row timed once a round, in turn, {how}"
                       if rounds > 1 else ""),
            "rounds": rounds,
+           "round_order": order,
            "rows": out}
     names = [n for n in HOPPER_NAMES if any(n in w["tflops"] for w in out)]
     ours = [n for n in names if not n.startswith("sdpa-")]
     md = _header("Every GPU backend beside FlashAttention-2 and cuDNN, TFLOP/s", ctx,
                  f"git commit {meta.get('git_commit')}{' (with local changes)' if meta.get('git_dirty') else ''}. "
                  + (f"Each time is the median of {rounds} rounds, every backend of a row timed once a round, in "
-                    "turn. " if rounds > 1 else "") + "x FA2 / x cuDNN: the backend's TFLOP/s over theirs.")
+                    f"turn, {how}. " if rounds > 1 else "") + "x FA2 / x cuDNN: the backend's TFLOP/s over theirs.")
     md += ["| mode | dtype | causal | B | H | D | N | " + " | ".join(names) + " | "
            + " | ".join(f"{n} x FA2 | {n} x cuDNN" for n in ours) + " |",
            "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 2 * len(ours))]

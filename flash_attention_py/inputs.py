@@ -11,7 +11,7 @@ _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch", device="cpu",
-                seed=None, with_grad=False, layout="bhnd", Hk=None):
+                seed=None, with_grad=False, layout="bhnd", Hk=None, draw="host"):
     """Random normal q (B, H, Nq, D), k and v (B, Hk, Nk, D), and dO (B, H, Nq, D).
 
     Arguments
@@ -26,8 +26,12 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
         layout: 'bhnd' (contiguous) or 'bnhd' (a (B, N, H, D) buffer viewed as (B, H, N, D):
             non-contiguous, as the output of a QKV projection usually is).
 
-    Returns a dict with 'q', 'k', 'v', 'do'. Values are drawn in float64 and then rounded
-    to ``dtype``, so a float64 reference of the rounded values is exact.
+        draw: 'host' (NumPy, in float64) or 'device' (torch.randn on ``device`` in float32, for kind='torch'
+            only: at N = 16384 the host takes seconds per array, the GPU milliseconds; a benchmark that draws
+            its inputs again for every round uses it). The same seed gives other values than 'host'.
+
+    Returns a dict with 'q', 'k', 'v', 'do'. Values are drawn in float64 (float32 with draw='device') and then
+    rounded to ``dtype``, so a float64 reference of the rounded values is exact.
     """
     fn = "make_inputs"
     Nk = Nq if Nk is None else Nk
@@ -47,6 +51,12 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
         raise ValueError(f"make_inputs: layout must be 'bhnd' or 'bnhd', got {layout!r}")
     if kind not in ("numpy", "torch"):
         raise ValueError(f"make_inputs: kind must be 'numpy' or 'torch', got {kind!r}")
+    if draw not in ("host", "device"):
+        raise ValueError(f"{fn}: draw must be 'host' or 'device', got {draw!r}")
+    if draw == "device" and kind != "torch":
+        raise ValueError(f"{fn}: draw='device' needs kind='torch', got kind={kind!r}")
+    if draw == "device":
+        return _draw_on_device(B, H, Hk, Nq, Nk, D, dtype, device, seed, with_grad, layout)
     rng = np.random.default_rng(seed)
 
     def draw(N, heads=H):
@@ -72,6 +82,26 @@ def make_inputs(B=1, H=1, Nq=128, Nk=None, D=64, *, dtype="float32", kind="torch
         base = torch.from_numpy(np.ascontiguousarray(np.swapaxes(x, 1, 2) if layout == "bnhd" else x))
         base = base.to(device=device, dtype=tdtype)
         t = base.transpose(1, 2) if layout == "bnhd" else base
+        if with_grad and name != "do":
+            t.requires_grad_(True)
+        out[name] = t
+    return out
+
+
+def _draw_on_device(B, H, Hk, Nq, Nk, D, dtype, device, seed, with_grad, layout):
+    """make_inputs(draw='device'): standard normals drawn by torch on ``device`` in float32, then rounded."""
+    import torch
+
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    out = {}
+    for name, N, heads in (("q", Nq, H), ("k", Nk, Hk), ("v", Nk, Hk), ("do", Nq, H)):
+        shape = (B, N, heads, D) if layout == "bnhd" else (B, heads, N, D)
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(getattr(torch, dtype))
+        t = x.transpose(1, 2) if layout == "bnhd" else x
         if with_grad and name != "do":
             t.requires_grad_(True)
         out[name] = t

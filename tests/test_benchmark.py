@@ -782,9 +782,12 @@ def test_ws_block_order_rewrites_the_kernels_choice():
             wbo.main(["--out", "/tmp/unused"])
 
 
-def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch):
-    """--rounds 3: every backend of a case is timed once a round, in turn (A, B, A, B, A, B), each timing gets a
-    third of the budget, and a row keeps the median of its rounds and each round's time."""
+@pytest.mark.parametrize("order", ["run", "case"])
+def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch, order):
+    """--rounds 3: every backend of a case is timed once a round, in turn, each timing gets a third of the budget,
+    and a row keeps the median of its rounds and each round's time. --round-order run (the default) takes round 1
+    of every case, then round 2 of every case, ...: A16 B16 A32 B32, three times over; --round-order case takes a
+    case's rounds back to back: A16 B16 A16 B16 A16 B16, then N = 32."""
     from benchmarks import measure
 
     seen = []
@@ -797,19 +800,56 @@ def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch):
 
     monkeypatch.setattr(measure, "time_cpu", fake_cpu)
     out = str(tmp_path)
-    assert cli.main(CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "3", "--out", out,
-                           "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16", "--no-progress"]) == 0
-    assert seen == [3] * 6
+    argv = CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "3", "--out", out,
+                  "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16,32", "--no-progress"]
+    assert cli.main(argv + (["--round-order", "case"] if order == "case" else [])) == 0
+    assert seen == [3] * 12
     header, rows, doc = _read(out)
-    got = {r["backend"]: r for r in doc["results"]}
-    assert got["numpy-v2"]["round_ms"] == [1.0, 3.0, 5.0] and got["numpy-v2"]["time_ms"] == 3.0
-    assert got["naive-torch"]["round_ms"] == [2.0, 4.0, 6.0] and got["naive-torch"]["time_ms"] == 4.0
-    assert got["naive-torch"]["time_lo_ms"] == 1.5 and got["naive-torch"]["time_hi_ms"] == 6.5
-    assert all(r["timer"] == "time.perf_counter; the median of 3 rounds taken in turn" for r in doc["results"])
-    assert doc["meta"]["rounds"] == 3 and doc["config"]["rounds"] == 3
-    assert {r["backend"]: r["round_ms"] for r in rows} == {"numpy-v2": "1.0 3.0 5.0", "naive-torch": "2.0 4.0 6.0"}
+    got = {(r["backend"], r["Nq"]): r for r in doc["results"]}
+    expected = ({("numpy-v2", 16): [1.0, 5.0, 9.0], ("naive-torch", 16): [2.0, 6.0, 10.0],
+                 ("numpy-v2", 32): [3.0, 7.0, 11.0], ("naive-torch", 32): [4.0, 8.0, 12.0]} if order == "run" else
+                {("numpy-v2", 16): [1.0, 3.0, 5.0], ("naive-torch", 16): [2.0, 4.0, 6.0],
+                 ("numpy-v2", 32): [7.0, 9.0, 11.0], ("naive-torch", 32): [8.0, 10.0, 12.0]})
+    assert {k: r["round_ms"] for k, r in got.items()} == expected
+    assert all(r["time_ms"] == expected[k][1] for k, r in got.items())
+    first, last = expected[("naive-torch", 16)][0], expected[("naive-torch", 16)][-1]
+    assert got[("naive-torch", 16)]["time_lo_ms"] == first - 0.5 and got[("naive-torch", 16)]["time_hi_ms"] == last + 0.5
+    how = {"run": "one per pass over the whole run", "case": "taken in turn, back to back"}[order]
+    assert all(r["timer"] == f"time.perf_counter; the median of 3 rounds, {how}" for r in doc["results"])
+    assert doc["meta"]["rounds"] == 3 and doc["config"]["rounds"] == 3 and doc["meta"]["round_order"] == order
+    assert {(r["backend"], int(r["Nq"])): r["round_ms"] for r in rows} == {
+        k: " ".join(str(x) for x in v) for k, v in expected.items()}
+    with open(os.path.join(out, "cases.jsonl")) as f:  # one line per case, in the order of round 1
+        lines = [json.loads(line) for line in f]
+    assert [(r["backend"], r["Nq"]) for r in lines] == [("numpy-v2", 16), ("naive-torch", 16), ("numpy-v2", 32),
+                                                      ("naive-torch", 32)]
+    assert [r["round_ms"] for r in lines] == [expected[(r["backend"], r["Nq"])] for r in lines]
+
+
+def test_a_run_cut_short_in_a_later_round_keeps_the_rounds_it_took(tmp_path, monkeypatch):
+    """--round-order run: cases.jsonl is written again after every case of a later round, each row with the rounds
+    it has so far, so a run killed in round 2 leaves every case with round 1 and the first cases with round 2."""
+    from benchmarks import measure
+
+    seen = []
+
+    def fake_cpu(fn, *, repeats, budget_s, turns=1):
+        seen.append(1)
+        if len(seen) == 7:  # round 2 of the second case (N = 32): as if the run were killed there
+            raise KeyboardInterrupt
+        return float(len(seen)), float(len(seen)), float(len(seen)), 1, "time.perf_counter"
+
+    monkeypatch.setattr(measure, "time_cpu", fake_cpu)
+    out = str(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "3", "--out", out,
+                        "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16,32", "--no-progress"])
     with open(os.path.join(out, "cases.jsonl")) as f:
-        assert [json.loads(line)["round_ms"] for line in f] == [[1.0, 3.0, 5.0], [2.0, 4.0, 6.0]]
+        lines = [json.loads(line) for line in f]
+    assert [r["round_ms"] for r in lines] == [[1.0, 5.0], [2.0, 6.0], [3.0], [4.0]]
+    assert [r["time_ms"] for r in lines] == [3.0, 4.0, 3.0, 4.0]
+    assert lines[0]["timer"] == "time.perf_counter; the median of 2 rounds, one per pass over the whole run"
+    assert lines[2]["timer"] == "time.perf_counter"
 
 
 def test_a_failure_in_a_later_round_makes_the_row_an_error(tmp_path, monkeypatch):

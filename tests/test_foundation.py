@@ -73,6 +73,25 @@ def test_make_inputs_is_fresh_random_and_noncontiguous_when_asked():
     assert n["q"].dtype == np.float16 and not n["q"].flags.c_contiguous
 
 
+def test_make_inputs_draws_on_the_device_when_asked():
+    """draw='device' (torch.randn where the tensors live; on the CPU here): fresh unless seeded, the same shapes,
+    dtypes, layout and grad flags as draw='host'; refused for NumPy and for an unknown draw."""
+    import torch
+
+    a, b = (make_inputs(2, 4, 9, 7, 8, kind="torch", dtype="bfloat16", Hk=2, draw="device") for _ in range(2))
+    assert tuple(a["q"].shape) == (2, 4, 9, 8) and tuple(a["k"].shape) == (2, 2, 7, 8) == tuple(a["v"].shape)
+    assert all(x.dtype == torch.bfloat16 for x in a.values()) and not torch.equal(a["q"], b["q"])
+    assert 0.5 < float(a["q"].float().std()) < 1.5
+    s1, s2 = (make_inputs(1, 2, 8, 8, 4, kind="torch", seed=3, draw="device") for _ in range(2))
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    t = make_inputs(2, 3, 8, 5, 4, kind="torch", layout="bnhd", with_grad=True, draw="device")
+    assert not t["q"].is_contiguous() and t["q"].requires_grad and not t["do"].requires_grad
+    with pytest.raises(ValueError, match="make_inputs: draw='device' needs kind='torch'"):
+        make_inputs(1, 1, 4, 4, 4, kind="numpy", draw="device")
+    with pytest.raises(ValueError, match="make_inputs: draw must be 'host' or 'device', got 'gpu'"):
+        make_inputs(1, 1, 4, 4, 4, draw="gpu")
+
+
 def test_hbm_stats_v1_vs_v2():
     N, D, Br, Bc = 256, 16, 32, 64
     x = make_inputs(1, 1, N, N, D, kind="numpy")
