@@ -35,7 +35,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# label -> (backend, mode, dtype, B, H, N, D, causal[, dropout_p])
+# label -> (backend, mode, dtype, B, H, N, D, causal[, dropout_p[, window]]); backend "flex": FlexAttention with the
+# window's block mask (benchmarks.targets.FlexTarget), the window variant's PyTorch alternative
 PROFILES = {
     "cuda-naive-fwd-d64": ("cuda-naive", "fwd", "float32", 1, 8, 1024, 64, False),
     "cuda-tiled-fwd-d64": ("cuda-tiled", "fwd", "float32", 1, 8, 1024, 64, False),
@@ -60,6 +61,10 @@ PROFILES = {
     "triton-fwd-d64-dropout": ("triton", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
     "sdpa-flash-fwd-d64": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False),
     "sdpa-flash-fwd-d64-dropout": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
+    # a causal sliding window of 512 keys (window_size (512, 0)), the variants record's shape: Triton's two backward
+    # kernels beside FlexAttention's one
+    "triton-bwd-d128-window": ("triton", "bwd", "float16", 4, 16, 4096, 128, True, 0.0, (512, 0)),
+    "flex-bwd-d128-window": ("flex", "bwd", "float16", 4, 16, 4096, 128, True, 0.0, (512, 0)),
 }
 
 SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables"]
@@ -87,9 +92,24 @@ def _call(label):
 
     backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
     p = rest[0] if rest else 0.0  # dropout_p
+    window = rest[1] if len(rest) > 1 else None
     drop = dict(dropout_p=p, dropout_seed=1234) if p else {}
+    if window is not None:
+        drop["window_size"] = window
     x = make_inputs(B, H, N, N, D, dtype=dtype, kind="torch", device="cuda", with_grad=(mode == "bwd"))
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode, window_size=window)
+    if backend == "flex":  # the benchmark's own call: torch.compile'd flex_attention, the backward of a kept graph
+        from benchmarks.targets import FlexTarget
+
+        target = FlexTarget()
+        with target.context():
+            fn = target.prepare(x, causal, mode, window_size=window)
+
+        def run():
+            with target.context():
+                fn()
+        return run, flops
     if backend.startswith("cuda-"):
         from flash_attention_cuda import flash_attn_cuda
 
@@ -109,7 +129,6 @@ def _call(label):
             with sdpa_kernel(pin):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p)
 
-    flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode)
     if mode == "fwd":
         def fn():
             with torch.no_grad():
@@ -295,7 +314,8 @@ def main() -> int:
         total_us = sum(k["time_us"] for k in kernels)
         backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
         entry = {"label": label, "backend": backend, "mode": mode, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
-                 "causal": causal, "dropout_p": rest[0] if rest else 0.0, "time_us": total_us,
+                 "causal": causal, "dropout_p": rest[0] if rest else 0.0,
+                 "window": list(rest[1]) if len(rest) > 1 else None, "time_us": total_us,
                  "tflops": (flops / (total_us * 1e-6) / 1e12) if flops and total_us else None,
                  "kernels": kernels}
         main_kernel = max(kernels, key=lambda k: k["time_us"]) if kernels else None
