@@ -22,7 +22,9 @@ from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) ma
 
 The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
 ``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
-elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited.
+elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited. The kernels run the
+full blocks first, then both partial stages as one loop (``two_spans``): two software-pipelined loops a program
+instead of three, the partial ones often a block or two long each.
 BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
 gradients' factor softmax_scale is scale_log2 * ln(2).
 
@@ -59,6 +61,24 @@ def lse_base2(lse):
 
 
 @triton.jit
+def two_spans(lo, hi, lo2, hi2, BLOCK: tl.constexpr):
+    """Block i of one loop over [lo, hi) then [lo2, hi2) (each walked in steps of BLOCK): (its count, its start).
+
+    The two partial stages of a loop (``masks.kv_blocks``/``q_blocks``: the blocks the window's edges cut, before
+    and after the full ones) then run as one software-pipelined loop instead of two short ones, each of which would
+    fill and drain the pipeline of loads on its own. Use ``span_start(i, ...)`` for block i's first row.
+    """
+    n1 = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
+    return n1, n1 + tl.cdiv(tl.maximum(hi2 - lo2, 0), BLOCK)
+
+
+@triton.jit
+def span_start(i, n1, lo, lo2, BLOCK: tl.constexpr):
+    """The first row of block i of ``two_spans``' loop: lo + i*BLOCK in the first span, then lo2 + (i - n1)*BLOCK."""
+    return tl.where(i < n1, lo + i * BLOCK, lo2 + (i - n1) * BLOCK)
+
+
+@triton.jit
 def keep_scaled(x, keep, dropout_p):
     """x * Z / (1 - p): the kept entries of x scaled by 1 / (1 - dropout_p), the dropped ones 0."""
     return tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
@@ -66,17 +86,19 @@ def keep_scaled(x, keep, dropout_p):
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, lo, hi, drop_row0, dropout_p, dropout_seed,
+                offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, lo, hi, lo2, hi2, drop_row0, dropout_p, dropout_seed,
                 MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Fold the Q blocks [lo, hi) into (dk, dv) of one K/V block (its key rows offs_n).
+    """Fold the Q blocks of [lo, hi) and then of [lo2, hi2) (``two_spans``) into (dk, dv) of one K/V block (its key
+    rows offs_n).
 
     MASKED: partial blocks (``masks.visible``, bounds included); else whole Q blocks inside [0, Nq) whose
     every query sees every key of this block. DROPOUT: drop_row0 = (b*H + h)*Nq (int64), the dropout
     offsets' row base of this query head.
     """
-    for start_m in range(lo, hi, BLOCK_M):
-        rows = start_m + offs_m0
+    n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_M)
+    for i in range(0, n):
+        rows = span_start(i, n1, lo, lo2, BLOCK_M) + offs_m0
         # load Q_i (Br, D), dO_i (Br, D), lse_i and Delta_i (Br)
         q = load_tile(Q_ptr + rows[:, None] * stride_qn, rows, Nq, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         do = load_tile(DO_ptr + rows[:, None] * stride_don, rows, Nq, offs_d, HEAD_DIM, BLOCK_D, MASKED)
@@ -156,17 +178,13 @@ def attn_bwd_dkdv_kernel(
         LSE_ptr = LSE + pid_bh * Nq
         DELTA_ptr = DELTA + pid_bh * Nq
         drop_row0 = pid_bh * Nq  # dropout offsets: ((b*H + h)*Nq + i)*Nk + j
-        if WINDOW_RIGHT >= 0:
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start,
-                                 drop_row0, dropout_p, dropout_seed,
-                                 True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
+        # the full Q blocks, then both partial stages in one loop (the first is empty without a right bound)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end, full_end, full_end,
                              drop_row0, dropout_p, dropout_seed,
                              False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
         dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stride_don,
-                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end,
+                             offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start, full_end, end,
                              drop_row0, dropout_p, dropout_seed,
                              True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_M, BLOCK_D, DOT_PREC)
     # dK_j = softmax_scale * sum_h sum_i dS_ij^T Q_i  (summed over the group's query heads)
@@ -178,12 +196,14 @@ def attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-              Nq, Nk, scale_log2, lo, hi, drop_rows, dropout_p, dropout_seed,
+              Nq, Nk, scale_log2, lo, hi, lo2, hi2, drop_rows, dropout_p, dropout_seed,
               MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Fold the K/V blocks [lo, hi) into dq of one Q block (its query rows offs_m); MASKED as in the forward."""
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n0
+    """Fold the K/V blocks of [lo, hi) and then of [lo2, hi2) (``two_spans``) into dq of one Q block (its query rows
+    offs_m); MASKED as in the forward."""
+    n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_N)
+    for i in range(0, n):
+        cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n0
         # load K_j, V_j (Bc, D)
         k = load_tile(K_ptr + cols[:, None] * stride_kn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         v = load_tile(V_ptr + cols[:, None] * stride_vn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
@@ -245,15 +265,12 @@ def attn_bwd_dq_kernel(
 
     # the forward's K/V stages: [start, full_start) partial, [full_start, full_end) full, [full_end, end) partial
     start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
-    if WINDOW_LEFT >= 0:
-        dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
-                       True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    # the full K/V blocks, then both partial stages in one loop (the first is empty without a left bound)
     dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
+                   Nq, Nk, scale_log2, full_start, full_end, full_end, full_end, drop_rows, dropout_p, dropout_seed,
                    False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                   Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
+                   Nq, Nk, scale_log2, start, full_start, full_end, end, drop_rows, dropout_p, dropout_seed,
                    True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
     # dQ_i = softmax_scale * sum_j dS_ij K_j
     dq = dq * (scale_log2 * _LN2)

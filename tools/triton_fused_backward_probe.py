@@ -9,7 +9,8 @@ writes Delta, then the dK/dV kernel. FlexAttention's backward is one kernel whos
 program (a program past the K/V blocks computes dQ), after a small kernel for Delta; at the windowed shapes
 of ``docs/results/cuda/kernel_breakdown/`` it is 663-704 µs against our two kernels' 781-835. This probe
 builds that arrangement from our own pieces, unchanged: ``_dkdv_inner`` and ``_dq_inner`` with the mask's
-three stages (``masks.q_blocks``, ``masks.kv_blocks``). A measurement, not a backend: fp16/bf16, contiguous
+stages (``masks.q_blocks``, ``masks.kv_blocks``), the full blocks and then both partial stages in one loop, as the
+two kernels run them. A measurement, not a backend: fp16/bf16, contiguous
 (B, H, N, D), a window (or causal or full), grouped K/V heads summed by one program per K/V head; no dropout,
 D a power of two.
 
@@ -84,16 +85,13 @@ def fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, H, group, Nq, Nk, scale_lo
             pid_bh = off_b * H + off_h
             Q_ptr = head_ptrs(Q, off_b, off_h, sq_b, sq_h, 1, offs_d)
             DO_ptr = head_ptrs(DO, off_b, off_h, sq_b, sq_h, 1, offs_d)
-            if WINDOW_RIGHT >= 0:
-                dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE + pid_bh * Nq, DELTA + pid_bh * Nq, sq_n, sq_n,
-                                     offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start, 0, 0.0, 0,
-                                     True, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_M1, HEAD_DIM, "tf32")
+            # as attn_bwd_dkdv_kernel: the full blocks, then both partial stages in one loop
             dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE + pid_bh * Nq, DELTA + pid_bh * Nq, sq_n, sq_n,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end, 0, 0.0, 0,
-                                 False, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_M1, HEAD_DIM, "tf32")
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_start, full_end, full_end, full_end,
+                                 0, 0.0, 0, False, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_M1, HEAD_DIM, "tf32")
             dk, dv = _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE + pid_bh * Nq, DELTA + pid_bh * Nq, sq_n, sq_n,
-                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, full_end, end, 0, 0.0, 0,
-                                 True, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_M1, HEAD_DIM, "tf32")
+                                 offs_n, offs_m0, offs_d, Nq, Nk, scale_log2, start, full_start, full_end, end,
+                                 0, 0.0, 0, True, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_M1, HEAD_DIM, "tf32")
         store_rows(DK, pid_bkv, offs_n, Nk, offs_d, dk * (scale_log2 * _LN2), HEAD_DIM, HEAD_DIM)
         store_rows(DV, pid_bkv, offs_n, Nk, offs_d, dv, HEAD_DIM, HEAD_DIM)
     else:  # dQ_i (the dQ kernel's program, reading Delta)
@@ -112,15 +110,12 @@ def fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, H, group, Nq, Nk, scale_lo
         offs_n0 = tl.arange(0, BLOCK_N2)
         dq = tl.zeros([BLOCK_M2, HEAD_DIM], dtype=tl.float32)
         start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M2, BLOCK_N2)
-        if WINDOW_LEFT >= 0:
-            dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, sk_n, sk_n, offs_m, offs_n0, offs_d, Nq, Nk,
-                           scale_log2, start, full_start, offs_m, 0.0, 0,
-                           True, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_N2, HEAD_DIM, "tf32")
+        # as attn_bwd_dq_kernel: the full blocks, then both partial stages in one loop
         dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, sk_n, sk_n, offs_m, offs_n0, offs_d, Nq, Nk,
-                       scale_log2, full_start, full_end, offs_m, 0.0, 0,
+                       scale_log2, full_start, full_end, full_end, full_end, offs_m, 0.0, 0,
                        False, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_N2, HEAD_DIM, "tf32")
         dq = _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, sk_n, sk_n, offs_m, offs_n0, offs_d, Nq, Nk,
-                       scale_log2, full_end, end, offs_m, 0.0, 0,
+                       scale_log2, start, full_start, full_end, end, offs_m, 0.0, 0,
                        True, WINDOW_LEFT, WINDOW_RIGHT, False, HEAD_DIM, BLOCK_N2, HEAD_DIM, "tf32")
         store_rows(DQ, pid_bh, offs_m, Nq, offs_d, dq * (scale_log2 * _LN2), HEAD_DIM, HEAD_DIM)
 
