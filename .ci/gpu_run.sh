@@ -14,7 +14,7 @@
 #   bash .ci/gpu_run.sh --out results/gpu hopper       # every GPU backend, fp16/bf16, fwd/bwd, beside FA2 and cuDNN:
 #                                                      # hopper_summary.json (the hopper preset)
 #   bash .ci/gpu_run.sh --out results/gpu variants     # window, GQA and dropout beside FlexAttention and SDPA
-#                                                      # (python -m benchmarks.variants, ROUNDS=3 rounds in turn)
+#                                                      # (python -m benchmarks.variants, ROUNDS=3 rounds, each a pass over the run)
 #   bash .ci/gpu_run.sh --out results/gpu kernels      # the Hopper forward and backward kernels alone, every tile
 #                                                      # config, beside FA2 and cuDNN (tools/cuda_*_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)

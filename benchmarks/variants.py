@@ -157,13 +157,37 @@ def run_case(case, names, by_name, device, inputs, *, repeats, rounds=1):
                 row.update(status="failed", reason=short_reason(exc))
                 del live[name]
     for row, _, _ in live.values():
-        ms = statistics.median(row["round_ms"])
-        row.update(status="ok", time_ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+        row["status"] = "ok"
+        _settle(row)
     for row in rows:
         o = row.pop("_out", None)
         if o is not None and first is not None and row["ours"]:
             row["max_abs_vs_alternative"] = float((o - first).abs().max())
     return rows
+
+
+def _settle(row):
+    """time_ms and TFLOP/s from the median of the row's rounds so far."""
+    ms = statistics.median(row["round_ms"])
+    row.update(time_ms=ms, tflops=row["gflop"] * 1e9 / (ms * 1e-3) / 1e12)
+
+
+def time_again(case, rows, by_name, device, inputs, *, repeats):
+    """One more round of a case that ran (--round-order run): each backend whose row is ok prepared again on these
+    inputs, run once and timed once; its row gains the round (``round_ms``). A failure makes the row failed."""
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        target = by_name[row["backend"]]
+        try:
+            with target.context():
+                fn = target.prepare(inputs, case["causal"], case["mode"], **_variant_kwargs(case))
+                fn()
+                row["round_ms"].append(measure.time_call(fn, device=device, repeats=repeats)[0])
+            _settle(row)
+        except Exception as exc:  # noqa: BLE001 - a failure is a row, not the end of the run
+            row.update(status="failed", reason=f"round {len(row['round_ms']) + 1}: {short_reason(exc)}", time_ms=None,
+                       tflops=None)
 
 
 # ------------------------------------------------------------------------------------ the summary
@@ -234,7 +258,9 @@ def markdown(table, meta):
                                                        if meta.get("sections") else ""), "",
              ("Times are medians of CUDA-event timings (triton.testing.do_bench)" if meta.get("device") == "cuda"
               else "Times are medians of time.perf_counter timings")
-             + (f" (each backend timed once a round, in turn; the median of {meta['rounds']} rounds)"
+             + (f" (each backend timed once a round, in turn; the median of {meta['rounds']} rounds"
+                + ("" if meta.get("round_order", "case") == "case" else ", each round a pass over the whole run")
+                + ")"
                 if meta.get("rounds", 1) > 1 else "") + " in ms; x = best alternative's time / "
              "ours (above 1: ours is faster). fwd: the forward alone; bwd: the backward alone. TFLOP/s count visible "
              "scores only. The alternative's name is the fastest PyTorch kernel that ran the case.", ""]
@@ -354,6 +380,10 @@ def build_parser():
     p.add_argument("--rounds", type=int, default=1,
                    help="time every backend of a case once a round, in turn, this many rounds, and keep each one's "
                         "median (default: %(default)s)")
+    p.add_argument("--round-order", choices=("run", "case"), default="run",
+                   help="with --rounds: 'run' (default) takes round 1 of every case, then round 2 of every case, and "
+                        "so on (the inputs drawn again each round), so a slow spell of the host seconds long moves one "
+                        "round of a row; 'case' takes a case's rounds back to back")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -385,28 +415,47 @@ def main(argv=None):
     meta = report.environment(device, argv)
     meta["command"] = "python -m benchmarks.variants " + " ".join(argv)
     meta["rounds"] = args.rounds
+    meta["round_order"] = args.round_order
     from tqdm.auto import tqdm
 
-    rows, inputs, last = [], None, None
-    for case in tqdm(todo, desc="variants", disable=args.no_progress):
+    state = {"inputs": None, "last": None}
+
+    def inputs_for(case):  # one draw per shape, in run order (drawn again when a later round comes back to it)
         shape = (case["B"], case["Hq"], case["Hk"], case["N"], case["D"], case["dtype"])
-        if shape != last:
-            inputs = None
+        if shape != state["last"]:
+            state["inputs"] = None
             if device == "cuda":
                 torch.cuda.empty_cache()
-            inputs = make_inputs(case["B"], case["Hq"], case["N"], case["N"], case["D"], Hk=case["Hk"],
-                                 dtype=case["dtype"], device=device)
-            last = shape
-        names = ours + (("flex",) if case["section"] == "window-scaling" else ALTERNATIVES[case["section"]])
-        got = run_case(case, names, by_name, device, inputs, repeats=5 if args.quick else 10, rounds=args.rounds)
-        rows += got
-        with open(os.path.join(args.out, "variants.partial.json"), "w") as f:  # what a cut-off run leaves
+            state["inputs"] = make_inputs(case["B"], case["Hq"], case["N"], case["N"], case["D"], Hk=case["Hk"],
+                                          dtype=case["dtype"], device=device,
+                                          draw="device" if device == "cuda" else "host")  # ms, not seconds, a draw
+            state["last"] = shape
+        return state["inputs"]
+
+    def save_partial():  # what a cut-off run leaves
+        with open(os.path.join(args.out, "variants.partial.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, default=str)
+
+    repeats = 5 if args.quick else 10
+    spread = args.round_order == "run" and args.rounds > 1
+    rows, done = [], []
+    for case in tqdm(todo, desc="variants" + (f" round 1 of {args.rounds}" if spread else ""), disable=args.no_progress):
+        names = ours + (("flex",) if case["section"] == "window-scaling" else ALTERNATIVES[case["section"]])
+        got = run_case(case, names, by_name, device, inputs_for(case), repeats=repeats,
+                       rounds=1 if spread else args.rounds)
+        rows += got
+        done.append((case, got))
+        save_partial()
         for r in got:
             if r["status"] == "ok":
                 print(f"{r['section']:>14} {r['mode']} N={r['N']} Hq/Hk={r['Hq']}/{r['Hk']} D={r['D']} "
                       f"causal={r['causal']} window={_wtext(r['window'])} p={r['dropout_p']}: {r['backend']:>14} "
                       f"{r['time_ms']:.3f} ms {r['tflops']:.1f} TFLOP/s", flush=True)
+    for k in range(2, args.rounds + 1) if spread else ():  # each later round a pass over the whole run
+        state["last"] = None  # fresh inputs for every round
+        for case, got in tqdm(done, desc=f"variants round {k} of {args.rounds}", disable=args.no_progress):
+            time_again(case, got, by_name, device, inputs_for(case), repeats=repeats)
+            save_partial()
     write(args.out, meta, rows)
     os.remove(os.path.join(args.out, "variants.partial.json"))
     return 0

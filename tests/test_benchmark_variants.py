@@ -44,24 +44,28 @@ def test_variants_quick_run_writes_its_files(tmp_path):
     assert (tmp_path / "variants.png").stat().st_size > 0
 
 
-def test_variants_rounds_time_each_backend_in_turn(tmp_path, monkeypatch):
+@pytest.mark.parametrize("order", ["run", "case"])
+def test_variants_rounds_time_each_backend_in_turn(tmp_path, monkeypatch, order):
     """--rounds 3: every backend of a case is timed once a round, in turn (ours and the alternatives
-    interleaved), and its row keeps the median of its rounds, with each round's time."""
+    interleaved), and its row keeps the median of its rounds, with each round's time. --round-order run (the
+    default): each round is a pass over every case, so a row's rounds are a whole pass apart; case: back to back."""
     from benchmarks import measure, variants
 
-    order, clock = [], iter(range(1, 1000))
-    monkeypatch.setattr(measure, "time_call", lambda fn, **kw: (order.append(fn) or float(next(clock)),))
+    order_seen, clock = [], iter(range(1, 1000))
+    monkeypatch.setattr(measure, "time_call", lambda fn, **kw: (order_seen.append(fn) or float(next(clock)),))
     rc = variants.main(["--quick", "--device", "cpu", "--backends", "torch-split", "--sections", "gqa", "--rounds", "3",
-                        "--no-progress", "--out", str(tmp_path)])
+                        "--round-order", order, "--no-progress", "--out", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "variants.json").read_text())
     ok = [r for r in doc["rows"] if r["status"] == "ok"]
     assert ok and all(len(r["round_ms"]) == 3 and r["time_ms"] == sorted(r["round_ms"])[1] for r in ok)
+    assert doc["meta"]["round_order"] == order
     first = [r for r in ok if (r["mode"], r["causal"], r["Hk"], r["N"]) == (ok[0]["mode"], ok[0]["causal"],
                                                                            ok[0]["Hk"], ok[0]["N"])]
-    if len(first) > 1:  # rounds interleave: each backend's times are len(first) apart
-        assert first[0]["round_ms"][1] - first[0]["round_ms"][0] == len(first)
-    assert "the median of 3 rounds" in (tmp_path / "variants.md").read_text()
+    gap = len(ok) if order == "run" else len(first)  # timings between two rounds of one row
+    assert all(r["round_ms"][2] - r["round_ms"][1] == r["round_ms"][1] - r["round_ms"][0] == gap for r in first)
+    md = (tmp_path / "variants.md").read_text()
+    assert "the median of 3 rounds" in md and (("each round a pass over the whole run" in md) == (order == "run"))
     with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
         variants.main(["--quick", "--rounds", "0", "--out", str(tmp_path)])
 
