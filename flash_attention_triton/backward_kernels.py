@@ -23,7 +23,7 @@ from the forward's lse (in base 2: lse2_i = lse_i * log2(e)), so the (Nq, Nk) ma
 The same mask as the forward (``masks.py``, a window (WINDOW_LEFT, WINDOW_RIGHT) as constexprs):
 ``masks.kv_blocks`` (dQ) and ``masks.q_blocks`` (dK/dV) split each loop into partial blocks (masked
 elementwise), full blocks (no mask) and partial blocks again; empty blocks are never visited. The kernels run the
-full blocks first, then both partial stages as one loop (``two_spans``): two software-pipelined loops a program
+full blocks first, then both partial stages as one loop (``masks.two_spans``): two software-pipelined loops a program
 instead of three, the partial ones often a block or two long each.
 BLOCK_M = Br (query rows), BLOCK_N = Bc (key rows). scale_log2 = softmax_scale * log2(e), signed; the
 gradients' factor softmax_scale is scale_log2 * ln(2).
@@ -45,7 +45,7 @@ Dropout (DROPOUT constexpr): the keep mask Z is drawn again from the seed, exact
 import triton
 import triton.language as tl
 
-from .masks import kv_blocks, q_blocks, visible
+from .masks import kv_blocks, q_blocks, span_start, two_spans, visible
 from .tiles import _LN2, _LOG2E, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
@@ -58,24 +58,6 @@ def lse_base2(lse):
     """
     lse2 = tl.where(lse == float("-inf"), 0.0, lse * _LOG2E)
     return tl.where(lse == float("inf"), float("nan"), lse2)
-
-
-@triton.jit
-def two_spans(lo, hi, lo2, hi2, BLOCK: tl.constexpr):
-    """Block i of one loop over [lo, hi) then [lo2, hi2) (each walked in steps of BLOCK): (its count, its start).
-
-    The two partial stages of a loop (``masks.kv_blocks``/``q_blocks``: the blocks the window's edges cut, before
-    and after the full ones) then run as one software-pipelined loop instead of two short ones, each of which would
-    fill and drain the pipeline of loads on its own. Use ``span_start(i, ...)`` for block i's first row.
-    """
-    n1 = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
-    return n1, n1 + tl.cdiv(tl.maximum(hi2 - lo2, 0), BLOCK)
-
-
-@triton.jit
-def span_start(i, n1, lo, lo2, BLOCK: tl.constexpr):
-    """The first row of block i of ``two_spans``' loop: lo + i*BLOCK in the first span, then lo2 + (i - n1)*BLOCK."""
-    return tl.where(i < n1, lo + i * BLOCK, lo2 + (i - n1) * BLOCK)
 
 
 @triton.jit

@@ -26,6 +26,8 @@ Helpers (q_start/k_start are the first row of a block, BLOCK_M = Br queries, BLO
   [full_end, end) partial. The blocks outside [start, end) are empty and never visited.
 * ``q_blocks(k_start, Nq, Nk, LEFT, RIGHT, BLOCK_M, BLOCK_N)``: the same for the loop over query
   blocks of one K/V block (the backward's dK/dV kernel).
+* ``two_spans(lo, hi, lo2, hi2, BLOCK)`` and ``span_start(i, n1, lo, lo2, BLOCK)``: one loop over two block
+  ranges, so that both partial stages run as one loop.
 
 Rows past Nq (the overhang of the last query block) never count: a block is full when every real
 query sees every real key in it.
@@ -124,3 +126,22 @@ def q_blocks(k_start, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BLOCK_M: 
     """The Q loop of the key block [k_start, k_start + BLOCK_N): (start, full_start, full_end, end)."""
     k_end = k_start + BLOCK_N
     return _stages(q_range(k_start, k_end, Nq, Nk, LEFT, RIGHT), q_full(k_start, k_end, Nq, Nk, LEFT, RIGHT), BLOCK_M)
+
+
+@triton.jit
+def two_spans(lo, hi, lo2, hi2, BLOCK: tl.constexpr):
+    """One loop over [lo, hi) then [lo2, hi2), each walked in steps of BLOCK: (n1, n), the blocks of the first
+    span and of both; ``span_start(i, n1, lo, lo2, BLOCK)`` is block i's first row.
+
+    The two partial stages of a loop (``kv_blocks``/``q_blocks``: the blocks the window's edges cut, before and
+    after the full ones) then run as one software-pipelined loop instead of two short ones, each of which would
+    fill and drain the pipeline of loads on its own (the backward kernels).
+    """
+    n1 = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
+    return n1, n1 + tl.cdiv(tl.maximum(hi2 - lo2, 0), BLOCK)
+
+
+@triton.jit
+def span_start(i, n1, lo, lo2, BLOCK: tl.constexpr):
+    """The first row of block i of ``two_spans``' loop: lo + i*BLOCK in the first span, then lo2 + (i - n1)*BLOCK."""
+    return tl.where(i < n1, lo + i * BLOCK, lo2 + (i - n1) * BLOCK)
