@@ -112,9 +112,11 @@ def test_block_arithmetic_any_config(cfg, window):
 
 
 @triton.jit
-def _mask_probe(VIS, RANGES, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Program p: the ranges of query block p and of key block p (12 ints); program 0 also the visible tile."""
+def _mask_probe(VIS, RANGES, SPANS, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, MAXS: tl.constexpr):
+    """Program p: the ranges of query block p and of key block p (12 ints); program 0 also the visible tile.
+    SPANS (programs, 2, MAXS): the first rows the backward's merged partial loops (two_spans, span_start) visit,
+    K/V blocks of query block p then Q blocks of key block p, -1 past the last."""
     pid = tl.program_id(0)
     q_start = pid * BLOCK_M
     k_start = pid * BLOCK_N
@@ -125,6 +127,12 @@ def _mask_probe(VIS, RANGES, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BL
     found = (kv_lo, kv_hi, kv0, kv1, kv2, kv3, q_lo, q_hi, q0, q1, q2, q3)
     for i in tl.static_range(12):
         tl.store(RANGES + pid * 12 + i, found[i])
+    kv_n1, kv_n = TM.two_spans(kv0, kv1, kv2, kv3, BLOCK_N)
+    for i in range(0, kv_n):
+        tl.store(SPANS + (pid * 2) * MAXS + i, TM.span_start(i, kv_n1, kv0, kv2, BLOCK_N))
+    q_n1, q_n = TM.two_spans(q0, q1, q2, q3, BLOCK_M)
+    for i in range(0, q_n):
+        tl.store(SPANS + (pid * 2 + 1) * MAXS + i, TM.span_start(i, q_n1, q0, q2, BLOCK_M))
     if pid == 0:
         offs_m = tl.arange(0, ROWS)
         offs_n = tl.arange(0, COLS)
@@ -132,12 +140,17 @@ def _mask_probe(VIS, RANGES, Nq, Nk, LEFT: tl.constexpr, RIGHT: tl.constexpr, BL
         tl.store(VIS + offs_m[:, None] * COLS + offs_n[None, :], seen.to(tl.int32))
 
 
-def _check_stages(stages, block, n_blocks_end, kinds, what):
+def _check_stages(stages, block, n_blocks_end, kinds, what, spans=None):
     """stages = (start, full_start, full_end, end) of one loop over blocks of ``block`` rows of [0, n_blocks_end);
     kinds = {block start: masks.block_kind}. The unmasked stage must hold exactly the full blocks that lie
-    whole inside the bounds, the two masked stages the other non-empty blocks."""
+    whole inside the bounds, the two masked stages the other non-empty blocks; ``spans`` (the first rows the
+    merged partial loop visited, -1 past the last) exactly those masked blocks, each once, in order."""
     start, full_start, full_end, end = stages
     partial = set(range(start, full_start, block)) | set(range(full_end, end, block))
+    if spans is not None:
+        visited = [s for s in spans if s >= 0]
+        assert visited == list(range(start, full_start, block)) + list(range(full_end, end, block)), \
+            f"{what}: the merged partial loop visited {visited} ({stages})"
     full = set(range(full_start, full_end, block))
     nonempty = {b for b, kind in kinds.items() if kind != "empty"}
     full_whole = {b for b, kind in kinds.items() if kind == "full" and b + block <= n_blocks_end}
@@ -150,7 +163,8 @@ def _check_stages(stages, block, n_blocks_end, kinds, what):
 def test_triton_mask_helpers_match_python_masks(n_random):
     """flash_attention_triton.masks (run as a kernel) gives what flash_attention_py.masks gives: the visible
     tile, kv_range and q_range of every block, and loop stages that visit exactly the non-empty blocks with
-    no mask on exactly the full ones (whole blocks inside the bounds). Random sizes, windows and blocks."""
+    no mask on exactly the full ones (whole blocks inside the bounds), and the backward's merged partial loop
+    (masks.two_spans) visits exactly the masked ones. Random sizes, windows and blocks."""
     rng = np.random.default_rng()
     ROWS = COLS = 128
     cases = [(70, 20, masks.CAUSAL, 16, 32), (20, 70, masks.CAUSAL, 32, 16), (33, 33, (0, 0), 16, 16)]
@@ -163,7 +177,10 @@ def test_triton_mask_helpers_match_python_masks(n_random):
         programs = max(triton.cdiv(Nq, BM), triton.cdiv(Nk, BN))
         ranges = torch.zeros(programs * 12, dtype=torch.int32, device=DEVICE)
         vis = torch.zeros(ROWS * COLS, dtype=torch.int32, device=DEVICE)
-        _mask_probe[(programs,)](vis, ranges, Nq, Nk, window[0], window[1], BM, BN, ROWS, COLS)
+        MAXS = 16
+        spans = torch.full((programs * 2 * MAXS,), -1, dtype=torch.int32, device=DEVICE)
+        _mask_probe[(programs,)](vis, ranges, spans, Nq, Nk, window[0], window[1], BM, BN, ROWS, COLS, MAXS)
+        spans = spans.view(programs, 2, MAXS).tolist()
         want = masks.visible(np.arange(ROWS), np.arange(COLS), Nq, Nk, window)
         assert np.array_equal(vis.view(ROWS, COLS).cpu().numpy().astype(bool), want), f"visible: {what}"
         for p, r in enumerate(ranges.view(programs, 12).tolist()):
@@ -171,11 +188,11 @@ def test_triton_mask_helpers_match_python_masks(n_random):
             if q_start < Nq:
                 assert tuple(r[0:2]) == masks.kv_range(q_start, q_start + BM, Nq, Nk, window), f"kv_range {p}: {what}"
                 kinds = {b: masks.block_kind(q_start, q_start + BM, b, b + BN, Nq, Nk, window) for b in range(0, Nk, BN)}
-                _check_stages(r[2:6], BN, Nk, kinds, f"kv_blocks of query block {p}: {what}")
+                _check_stages(r[2:6], BN, Nk, kinds, f"kv_blocks of query block {p}: {what}", spans[p][0])
             if k_start < Nk:
                 assert tuple(r[6:8]) == masks.q_range(k_start, k_start + BN, Nq, Nk, window), f"q_range {p}: {what}"
                 kinds = {b: masks.block_kind(b, b + BM, k_start, k_start + BN, Nq, Nk, window) for b in range(0, Nq, BM)}
-                _check_stages(r[8:12], BM, Nq, kinds, f"q_blocks of key block {p}: {what}")
+                _check_stages(r[8:12], BM, Nq, kinds, f"q_blocks of key block {p}: {what}", spans[p][1])
 
 
 def test_rows_that_see_no_key():
