@@ -22,6 +22,8 @@
 #                                                      # cuDNN: forward and backward at N = 1024, 4096 and the seeds'
 #                                                      # shape (tools/cuda_forward_kernels.py --kernel mma, ...)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
+#   bash .ci/gpu_run.sh --out results/gpu sanitizer-triton  # the same three tools over the Triton kernels (forward,
+#                                                      # dQ, dK/dV: masks, GQA, dropout, small and forced large tiles)
 #   bash .ci/gpu_run.sh --out results/gpu ncu          # Nsight Compute profile of every rung (tools/ncu_profile.py)
 #   bash .ci/gpu_run.sh --out results/gpu breakdown    # one call's GPU time kernel by kernel, ours beside FlexAttention
 #                                                      # and cuDNN (tools/kernel_breakdown.py)
@@ -109,6 +111,9 @@ for step in "$@"; do
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
+    sanitizer-triton)
+      timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --backend triton --log-dir "$OUT/sanitizer-triton"
+      echo "sanitizer (triton) rc=$?" ;;
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
       echo "ncu rc=$?"; tail -n 14 "$OUT/ncu.log" ;;
@@ -118,7 +123,7 @@ for step in "$@"; do
     blockorder)
       timeout "${BLOCKORDER_S:-300}" python3 tools/ws_block_order.py --out "$OUT/ws_block_order" > "$OUT/ws_block_order.log" 2>&1
       echo "block order rc=$?"; grep -E "^\|" "$OUT/ws_block_order/ws_block_order.md" ;;
-    *) echo "unknown step $step (tests | seed | seed-calling | sweep | cuda | triton | hopper | variants | kernels | backward | mma | sanitizer | ncu | breakdown | blockorder)"; exit 2 ;;
+    *) echo "unknown step $step (tests | seed | seed-calling | sweep | cuda | triton | hopper | variants | kernels | backward | mma | sanitizer | sanitizer-triton | ncu | breakdown | blockorder)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive

@@ -11,6 +11,14 @@ heads, dropout) on the tensor-core rungs, forward and backward; the persistent w
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
 left bound alone). --head-dims keeps only the cases of those head
 dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
+
+    PYTHONPATH=. python3 tools/run_sanitizer.py --backend triton [--log-dir DIR]
+
+runs the same tools over the Triton kernels instead (forward, dQ with Delta, dK/dV; ``triton_inner``): fp16, bf16
+and float32 at small odd shapes (N = 1 to 400, D = 16 to 256, Nq != Nk both ways), full, causal, windows bounded on
+one side and on both (with full blocks between two partial stages, the merged partial loop of
+``masks.two_spans``), grouped-query heads and dropout, each on the fixed small-problem config and, for 16-bit
+inputs up to D = 128, on forced large tiles (the autotuner's candidates) as well.
 """
 from __future__ import annotations
 
@@ -152,6 +160,48 @@ def inner(head_dims=None) -> int:
     return 0
 
 
+TRITON_CASES = [  # (B, Hq, Hk, Nq, Nk, D, dtypes, (causal, window_size, dropout_p) kinds)
+    (1, 2, 2, 100, 100, 64, ("float16", "bfloat16", "float32"), ((False, (-1, -1), 0.0), (True, (-1, -1), 0.0))),
+    (2, 4, 2, 100, 137, 96, ("float16",), ((False, (5, 2), 0.17), (True, (20, -1), 0.0))),
+    (1, 3, 1, 77, 50, 128, ("bfloat16",), ((True, (-1, -1), 0.0), (False, (-1, 10), 0.5))),  # Nq > Nk
+    (1, 2, 2, 400, 400, 64, ("float16", "float32"), ((False, (150, 70), 0.0), (True, (200, -1), 0.17))),
+    (1, 2, 1, 70, 100, 256, ("float16",), ((False, (-1, -1), 0.0), (True, (30, -1), 0.17))),
+    (1, 1, 1, 17, 33, 40, ("float32", "bfloat16"), ((False, (-1, -1), 0.0), (True, (3, 4), 0.0))),
+    (1, 2, 2, 1, 17, 16, ("float16",), ((False, (-1, -1), 0.17), (True, (-1, -1), 0.0))),
+]
+# forced tiles (16-bit inputs, D <= 128): the autotuner's largest and smallest candidates per kernel
+TRITON_FORCED = ({"fwd": (128, 64, 8, 3), "dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 3)},
+                 {"fwd": (64, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (64, 16, 4, 1)})
+
+
+def triton_inner() -> int:
+    """Launch the Triton kernels over TRITON_CASES (under compute-sanitizer, from main)."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from flash_attention_py import make_inputs, masks
+    from flash_attention_triton import launch as L
+
+    n = 0
+    for B, Hq, Hk, Nq, Nk, D, dtypes, kinds in TRITON_CASES:
+        for dtype in dtypes:
+            x = make_inputs(B, Hq, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda", seed=n)
+            q = x["q"]
+            k, v = x["k"][:, :Hk].contiguous(), x["v"][:, :Hk].contiguous()  # Hk K/V heads
+            forced = TRITON_FORCED if dtype != "float32" and D <= 128 else ()
+            for causal, window_size, p in kinds:
+                window = masks.window_for(causal, window_size)
+                drop = dict(dropout_p=p, dropout_seed=2**33 + 7 if p else None)
+                for cfg in (None,) + forced:
+                    o, lse = L._forward(q, k, v, window, D ** -0.5, config=cfg and cfg["fwd"], **drop)
+                    L._backward(q, k, v, o, lse, x["do"], window, D ** -0.5,
+                                configs=cfg and {"dkdv": cfg["dkdv"], "dq": cfg["dq"]}, **drop)
+                    n += 3
+    torch.cuda.synchronize()
+    print(f"inner: {n} kernel launches done")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -159,10 +209,12 @@ def main() -> int:
     ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
     ap.add_argument("--head-dims", default="", help="only the cases of these head dims, e.g. '256' (default: all)")
+    ap.add_argument("--backend", choices=("cuda", "triton"), default="cuda",
+                    help="the CUDA ladder's kernels (default) or the Triton kernels")
     args = ap.parse_args()
     head_dims = {int(d) for d in args.head_dims.split(",") if d}
     if args.inner:
-        return inner(head_dims)
+        return triton_inner() if args.backend == "triton" else inner(head_dims)
     ok = True
     summary = []
     for tool in args.tools.split(","):
@@ -171,12 +223,13 @@ def main() -> int:
             cmd += ["--leak-check", "no"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--head-dims", args.head_dims]
+        cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--head-dims", args.head_dims,
+                "--backend", args.backend]
         res = subprocess.run(cmd, capture_output=True, text=True)
         log = res.stdout + res.stderr
         if args.log_dir:
             os.makedirs(args.log_dir, exist_ok=True)
-            with open(os.path.join(args.log_dir, f"sanitizer_{tool}.log"), "w") as f:
+            with open(os.path.join(args.log_dir, f"sanitizer_{'triton_' if args.backend == 'triton' else ''}{tool}.log"), "w") as f:
                 f.write(" ".join(cmd) + "\n" + log)
         # memcheck ends with "ERROR SUMMARY: N errors", racecheck with
         # "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)"
