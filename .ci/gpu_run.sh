@@ -112,7 +112,8 @@ for step in "$@"; do
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;
     sanitizer-triton)
-      timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --backend triton --log-dir "$OUT/sanitizer-triton"
+      timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --backend triton --tool-timeout "${SANITIZER_TOOL_S:-90}" \
+        --log-dir "$OUT/sanitizer-triton"
       echo "sanitizer (triton) rc=$?" ;;
     ncu)
       timeout "${NCU_S:-420}" python3 tools/ncu_profile.py --out "$OUT/ncu" > "$OUT/ncu.log" 2>&1
