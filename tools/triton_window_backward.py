@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python tools/triton_window_backward.py old            # in a checkout before a kernel change
     PYTHONPATH=. python tools/triton_window_backward.py new --flex     # in the checkout after it, FlexAttention too
+    PYTHONPATH=. python tools/triton_window_backward.py new --forward  # the forward instead (an A/B of its kernel)
 
 An A/B of a change to the backward kernels: run it in both checkouts in turn, on one GPU (twice each, so that a
 slow spell of the GPU shows). B4 H16 N4096 D128 fp16 (the variants record's window shape), one set of inputs
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("label", help="the tag each line starts with (which checkout this is)")
     ap.add_argument("--flex", action="store_true", help="also FlexAttention's backward of the two windows")
+    ap.add_argument("--forward", action="store_true", help="time the forward instead of the backward")
     args = ap.parse_args(argv)
     import torch
     import triton
@@ -40,7 +42,18 @@ def main(argv=None) -> int:
     x = make_inputs(B, H, N, N, D, dtype="float16", device="cuda", seed=1)
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
     scale = D ** -0.5
-    for name, window, cfg in CASES:
+    mode = "fwd" if args.forward else "bwd"
+    for name, window, cfg in CASES if args.forward else ():
+        for fwd_cfg in (None, (128, 64, 8, 3)):
+            def fn():
+                return L._forward(q, k, v, window, scale, config=fwd_cfg)
+
+            o = fn()[0]
+            torch.cuda.synchronize()
+            ms = [triton.testing.do_bench(fn, warmup=25, rep=150) for _ in range(3)]
+            print(f"{args.label} fwd {name} config {fwd_cfg or 'tuned'}: " + " ".join(f"{m:.4f}" for m in ms)
+                  + f" | sum |O| {float(o.float().abs().sum()):.4f}", flush=True)
+    for name, window, cfg in () if args.forward else CASES:
         o, lse = L._forward(q, k, v, window, scale)
 
         def fn():
@@ -57,11 +70,11 @@ def main(argv=None) -> int:
         target = FlexTarget()
         for name, window, _ in CASES[:2]:
             with target.context():
-                f = target.prepare(x, False, "bwd", window_size=window)
+                f = target.prepare(x, False, mode, window_size=window)
                 f()
                 torch.cuda.synchronize()
                 ms = [triton.testing.do_bench(f, warmup=25, rep=150) for _ in range(3)]
-            print(f"flex {name}: " + " ".join(f"{m:.4f}" for m in ms), flush=True)
+            print(f"flex {mode} {name}: " + " ".join(f"{m:.4f}" for m in ms), flush=True)
     return 0
 
 
