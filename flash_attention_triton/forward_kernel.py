@@ -28,22 +28,24 @@ before dropout, so lse is the softmax's own; O = acc / l_i / (1 - dropout_p).
 import triton
 import triton.language as tl
 
-from .masks import kv_blocks, visible
+from .masks import kv_blocks, span_start, two_spans, visible
 from .tiles import _LN2, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-               Nq, Nk, scale_log2, lo, hi, drop_rows, dropout_p, dropout_seed,
+               Nq, Nk, scale_log2, lo, hi, lo2, hi2, drop_rows, dropout_p, dropout_seed,
                MASKED: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, DROPOUT: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Fold the K/V blocks [lo, hi) into (acc, l_i, m_i): the online-softmax step, written once.
+    """Fold the K/V blocks of [lo, hi) and then of [lo2, hi2) (``masks.two_spans``) into (acc, l_i, m_i): the
+    online-softmax step, written once.
 
     MASKED: the blocks are partial (apply ``masks.visible``, bounds included); else every query of the
     block sees every key of each block and the blocks lie inside [0, Nk). K_ptr/V_ptr point at key row 0.
     """
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
+    n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_N)
+    for i in range(0, n):
+        cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n
         # load K_j (Bc, D)
         k = load_tile(K_ptr + cols[:, None] * stride_kn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         # S_ij = Q_i K_j^T  (Br, Bc), fp32 accumulate; then in base 2 with the signed scale folded in
@@ -112,16 +114,15 @@ def attn_fwd_kernel(
     # the K/V blocks this query block sees: [start, full_start) partial, [full_start, full_end) full,
     # [full_end, end) partial (the first stage is empty unless the window bounds the left side)
     start, full_start, full_end, end = kv_blocks(start_m, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, BLOCK_N)
-    if WINDOW_LEFT >= 0:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                   Nq, Nk, scale_log2, start, full_start, drop_rows, dropout_p, dropout_seed,
-                                   True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+    # the full blocks, then both partial stages in one loop (the first is empty without a left bound)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                               Nq, Nk, scale_log2, full_start, full_end, drop_rows, dropout_p, dropout_seed,
-                               False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+                               Nq, Nk, scale_log2, full_start, full_end, full_end, full_end, drop_rows, dropout_p,
+                               dropout_seed, False, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D,
+                               DOT_PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                               Nq, Nk, scale_log2, full_end, end, drop_rows, dropout_p, dropout_seed,
-                               True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PREC)
+                               Nq, Nk, scale_log2, start, full_start, full_end, end, drop_rows, dropout_p,
+                               dropout_seed, True, WINDOW_LEFT, WINDOW_RIGHT, DROPOUT, HEAD_DIM, BLOCK_N, BLOCK_D,
+                               DOT_PREC)
 
     # O_i = acc / l_i ; a row that saw no key (l = 0) gets O = 0 and lse = -inf.
     # l = NaN (a NaN score, or exp2(inf - inf) from a +inf score) stays NaN: O = NaN, and lse = NaN, or +inf
