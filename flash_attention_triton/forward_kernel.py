@@ -14,10 +14,11 @@ so each score costs one multiply and one ``exp2``; lse is written in natural log
 taken, so a negative (or zero) scale needs nothing else.
 
 The mask is a window (WINDOW_LEFT, WINDOW_RIGHT), bottom-right aligned (``masks.py``; causal =
-(-1, 0)). ``masks.kv_blocks`` splits the K/V loop of a query block into three stages: partial blocks
+(-1, 0)). ``masks.kv_blocks`` splits the K/V blocks of a query block into three stages: partial blocks
 (elementwise mask and bounds), full blocks (no mask, no ``where``), partial blocks again (the diagonal
 of a causal mask and the ragged last block, Nk % Bc != 0). Empty blocks, on either side, are never
-visited.
+visited. The kernel walks the full blocks first and then both partial stages in one loop
+(``masks.two_spans``), as the backward kernels do: two software-pipelined loops instead of three.
 
 Grouped-query attention: K and V have Hk = H // group heads; query head h reads K/V head h // group
 (the pointer moves, nothing is copied). Dropout (DROPOUT, a constexpr: without it the kernel is the plain
