@@ -135,7 +135,7 @@ def two_spans(lo, hi, lo2, hi2, BLOCK: tl.constexpr):
 
     The two partial stages of a loop (``kv_blocks``/``q_blocks``: the blocks the window's edges cut, before and
     after the full ones) then run as one software-pipelined loop instead of two short ones, each of which would
-    fill and drain the pipeline of loads on its own (the backward kernels).
+    fill and drain the pipeline of loads on its own (the forward and backward kernels).
     """
     n1 = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK)
     return n1, n1 + tl.cdiv(tl.maximum(hi2 - lo2, 0), BLOCK)
