@@ -182,3 +182,36 @@ def test_loops_skip_the_blocks_a_window_hides():
         stats = {}
         loop(q, k, v, (0, 0), 1.0, B_, B_, stats)
         assert stats[key] == N * D, (loop.__name__, stats)
+
+
+def test_triton_sanitizer_cases_reach_the_merged_partial_loop():
+    """tools/run_sanitizer.py --backend triton claims a query block whose K/V blocks are partial on both sides of
+    full ones (the merged partial loop, masks.two_spans) on its fixed and forced tiles, GQA, dropout, Nq > Nk and a
+    row that sees no key. Checked here with the mask module's block kinds, so a change to the case list cannot
+    quietly drop what the sanitizer run covers."""
+    from flash_attention_triton import configs as C
+    from tools import run_sanitizer as R
+
+    def stages(Nq, Nk, window, BM, BN):  # per query block: the kinds of its visited K/V blocks, in order
+        return [[kind for k0 in range(0, Nk, BN)
+                 if (kind := masks.block_kind(q0, q0 + BM, k0, k0 + BN, Nq, Nk, window)) != "empty"]
+                for q0 in range(0, Nq, BM)]
+
+    def both_sides(kinds):  # partial, then full, then partial again
+        return "full" in kinds and kinds[0] == "partial" and kinds[-1] == "partial"
+
+    both, gqa, dropout, no_key = set(), False, False, False
+    for B, Hq, Hk, Nq, Nk, D, dtypes, kinds in R.TRITON_CASES:
+        assert Hq % Hk == 0 and set(dtypes) <= {"float16", "bfloat16", "float32"}
+        gqa |= Hk < Hq
+        for causal, window_size, p in kinds:
+            window = masks.window_for(causal, window_size)
+            dropout |= p > 0
+            no_key |= any(masks.kv_range(i, i + 1, Nq, Nk, window)[1] <= masks.kv_range(i, i + 1, Nq, Nk, window)[0]
+                          for i in range(Nq))
+            tiles = [C.small_config("fwd", 64, 2)] + ([R.TRITON_FORCED[0]["fwd"]] if D <= 128 else [])
+            for BM, BN, *_ in tiles:
+                if any(both_sides(k) for k in stages(Nq, Nk, window, BM, BN)):
+                    both.add((BM, BN))
+    assert both == {(64, 64), (128, 64)}, both
+    assert gqa and dropout and no_key
