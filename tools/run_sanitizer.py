@@ -206,7 +206,7 @@ def main() -> int:
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
-    ap.add_argument("--head-dims", default="", help="only the cases of these head dims, e.g. '256' (default: all)")
+    ap.add_argument("--head-dims", default="", help="only the CUDA cases of these head dims, e.g. '256' (default: all)")
     ap.add_argument("--tool-timeout", type=float, default=None, help="seconds each tool may run (default: no limit)")
     ap.add_argument("--backend", choices=("cuda", "triton"), default="cuda",
                     help="the CUDA ladder's kernels (default) or the Triton kernels")
@@ -235,7 +235,8 @@ def main() -> int:
             rc = "timeout"
         if args.log_dir:
             os.makedirs(args.log_dir, exist_ok=True)
-            with open(os.path.join(args.log_dir, f"sanitizer_{'triton_' if args.backend == 'triton' else ''}{tool}.log"), "w") as f:
+            name = f"sanitizer_triton_{tool}.log" if args.backend == "triton" else f"sanitizer_{tool}.log"
+            with open(os.path.join(args.log_dir, name), "w") as f:
                 f.write(" ".join(cmd) + "\n" + log)
         # memcheck ends with "ERROR SUMMARY: N errors", racecheck with
         # "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)"

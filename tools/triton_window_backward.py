@@ -43,27 +43,22 @@ def main(argv=None) -> int:
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
     scale = D ** -0.5
     mode = "fwd" if args.forward else "bwd"
-    for name, window, cfg in CASES if args.forward else ():
-        for fwd_cfg in (None, (128, 64, 8, 3)):
-            def fn():
-                return L._forward(q, k, v, window, scale, config=fwd_cfg)
 
-            o = fn()[0]
-            torch.cuda.synchronize()
-            ms = [triton.testing.do_bench(fn, warmup=25, rep=150) for _ in range(3)]
-            print(f"{args.label} fwd {name} config {fwd_cfg or 'tuned'}: " + " ".join(f"{m:.4f}" for m in ms)
-                  + f" | sum |O| {float(o.float().abs().sum()):.4f}", flush=True)
-    for name, window, cfg in () if args.forward else CASES:
-        o, lse = L._forward(q, k, v, window, scale)
-
-        def fn():
-            return L._backward(q, k, v, o, lse, do, window, scale, configs=cfg)
-
-        g = fn()
+    def report(label, fn, check):  # three do_bench medians (ms) of fn, and a checksum: sum |check(fn())|
+        name, out = check(fn())
         torch.cuda.synchronize()
         ms = [triton.testing.do_bench(fn, warmup=25, rep=150) for _ in range(3)]
-        print(f"{args.label} {name}: " + " ".join(f"{m:.4f}" for m in ms)
-              + f" | sum |dQ| {float(g[0].float().abs().sum()):.4f}", flush=True)
+        print(f"{args.label} {label}: " + " ".join(f"{m:.4f}" for m in ms)
+              + f" | sum |{name}| {float(out.float().abs().sum()):.4f}", flush=True)
+
+    for name, window, cfg in CASES:
+        if args.forward:  # the autotuned config, then a fixed one
+            for fwd_cfg in (None, (128, 64, 8, 3)):
+                report(f"fwd {name} config {fwd_cfg or 'tuned'}",
+                       lambda: L._forward(q, k, v, window, scale, config=fwd_cfg), lambda r: ("O", r[0]))
+        else:
+            o, lse = L._forward(q, k, v, window, scale)
+            report(name, lambda: L._backward(q, k, v, o, lse, do, window, scale, configs=cfg), lambda r: ("dQ", r[0]))
     if args.flex:
         from benchmarks.targets import FlexTarget
 
