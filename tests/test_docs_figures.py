@@ -99,3 +99,18 @@ def test_chinese_pages_get_the_same_numbers():
         en, zh = fn(R, "en"), fn(R, "zh")
         numbers = lambda t: sorted(re.findall(r"\d+(?:\.\d+)?", t))  # noqa: E731
         assert numbers(en) == numbers(zh), name
+
+
+def test_host_time_target_reads_forward_and_backward_lines():
+    """The hopper-targets host-time row: every forward and causal-backward line of the launch-overhead record,
+    each over SDPA's FA2 of the same mode ('met' only when none is slower)."""
+    class Fake:
+        def text(self, rel):
+            assert rel == docs_tables.HOST_TIME_RECORD
+            return ("call  host us/call\nsdpa FLASH_ATTENTION (FA2)   20.0\nflash_attn_cuda kernel=mma   50.0\n"
+                    "flash_attn_triton   40.0\nsdpa FLASH_ATTENTION (FA2) backward (causal)   100.0\n"
+                    "flash_attn_cuda kernel=mma backward (causal)   150.0\nflash_attn_triton backward (causal)   90.0\n")
+
+    label, measured, verdict = docs_tables._host_time_target(Fake(), "en")
+    assert measured == "forward 40–50 µs (FA2 20); backward 90–150 µs (FA2 100)"
+    assert verdict == "no: forward 2.00–2.50× FA2's, backward 0.90–1.50×"

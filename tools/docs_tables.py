@@ -173,9 +173,11 @@ def pytest_summary(R, rel):
 
 
 def launch_overhead(R, path="cuda/launch_overhead.txt"):
+    """Host microseconds per call by line name; a causal backward's name ends in ' backward (causal)'."""
     out = {}
     for line in R.text(path).splitlines():
-        m = re.match(r"^(sdpa FLASH_ATTENTION \(FA2\)|flash_attn_cuda kernel=[\w-]+|flash_attn_triton)\s+([\d.]+)$", line.strip())
+        m = re.match(r"^((?:sdpa FLASH_ATTENTION \(FA2\)|flash_attn_cuda kernel=[\w-]+|flash_attn_triton)"
+                     r"(?: backward \(causal\))?)\s+([\d.]+)$", line.strip())
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
@@ -467,6 +469,7 @@ def t_hopper_targets(R, lang):
                     H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
     out.append(_head_dim_target(lang))
     out += _seed_targets(R, lang)
+    out.append(_host_time_target(R, lang))
     header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
     return table(header, out)
 
@@ -520,6 +523,30 @@ def _head_dim_target(lang):
         "否：" + "；".join(f"{k} 对 {'、'.join(map(str, v))} 补零" for k, v in short.items()))
     return [H(lang, "head dims 32, 64, 96, 128 and 256 compiled on every CUDA tensor-core kernel, the others padded",
               "每个 CUDA tensor core 内核为 head 维度 32、64、96、128 和 256 编译，其余补零"), measured, verdict]
+
+
+HOST_TIME_RECORD = "cuda/launch_overhead_less_python.txt"  # the launch-overhead preset's latest record (d726bbf)
+
+
+def _host_time_target(R, lang):
+    """Issue 16's host time per call against SDPA's FA2: every GPU backend's forward and causal backward (through
+    autograd) at B=H=1 N=64 D=64 fp16, from the launch-overhead preset's latest record."""
+    host = launch_overhead(R, HOST_TIME_RECORD)
+    back = " backward (causal)"
+    fa2_f, fa2_b = host["sdpa FLASH_ATTENTION (FA2)"], host["sdpa FLASH_ATTENTION (FA2)" + back]
+    ours_f = [v for k, v in host.items() if not k.startswith("sdpa") and not k.endswith(back)]
+    ours_b = [v for k, v in host.items() if not k.startswith("sdpa") and k.endswith(back)]
+    measured = H(lang, f"forward {span(ours_f, f0)} µs (FA2 {f0(fa2_f)}); backward {span(ours_b, f0)} µs (FA2 {f0(fa2_b)})",
+                 f"前向 {span(ours_f, f0)} µs（FA2 {f0(fa2_f)}）；反向 {span(ours_b, f0)} µs（FA2 {f0(fa2_b)}）")
+    ratio_f, ratio_b = [v / fa2_f for v in ours_f], [v / fa2_b for v in ours_b]
+    met = max(ratio_f + ratio_b) <= 1.0
+    verdict = H(lang, "met", "达到") if met else H(
+        lang, f"no: forward {span(ratio_f, f2)}× FA2's, backward {span(ratio_b, f2)}×",
+        f"否：前向为 FA2 的 {span(ratio_f, f2)}×，反向 {span(ratio_b, f2)}×")
+    return [H(lang, "host time per call ≤ SDPA's FA2 (B=H=1 N=64 D=64 fp16; forward, and causal backward through "
+                    "autograd; launch-overhead preset)",
+              "每次调用的主机时间 ≤ SDPA 的 FA2（B=H=1 N=64 D=64 fp16；前向，以及经 autograd 的因果反向；launch-overhead 预设）"),
+            measured, verdict]
 
 
 def _seed_targets(R, lang):
