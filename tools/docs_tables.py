@@ -811,6 +811,29 @@ def t_variants_compare(R, lang):
     return table(header, out, right={2, 3, 6, 7, 8})
 
 
+def t_variants_targets(R, lang):
+    """Issue 13's speed target per variant: Triton and the fastest CUDA rung at least 1.0x the best PyTorch
+    alternative in every recorded case (the rows of variants-compare), forward and backward."""
+    sections = {"window": [e for e in _variants(R, "window") if e["section"] == "window"], "gqa": _variants(R, "gqa"),
+                "dropout": _variants(R, "dropout")}
+    names = {"window": ("sliding window (FlexAttention with a block mask)", "滑动窗口（带块掩码的 FlexAttention）"),
+             "gqa": ("GQA/MQA (SDPA with enable_gqa)", "GQA/MQA（enable_gqa 的 SDPA）"),
+             "dropout": ("dropout (SDPA's kernels with dropout_p)", "dropout（带 dropout_p 的 SDPA kernel）")}
+    out = []
+    for section, rows in sections.items():
+        cuda = _variants_cuda(rows)
+        for backend in ("triton", cuda):
+            vals = [e["vs_best_alternative"][backend] for e in rows if backend in e["vs_best_alternative"]]
+            below = sum(v < 1.0 for v in vals)
+            out.append([H(lang, *names[section]), backend, span(vals, f2, "×"),
+                        H(lang, "met", "达到") if not below else
+                        H(lang, f"no: {below} of {len(vals)} cases below 1.0×, {min(vals):.2f}× at worst",
+                          f"否：{len(vals)} 个中 {below} 个低于 1.0×，最差 {min(vals):.2f}×")])
+    header = [H(lang, "variant (best PyTorch alternative)", "变体（最快的 PyTorch 方案）"), H(lang, "ours", "我们的"),
+              H(lang, "× the alternative", "为该方案的 ×"), H(lang, "≥ 1.0× in every case?", "每个情形都 ≥ 1.0×？")]
+    return table(header, out)
+
+
 HDIM256 = "cuda/hdim256/hopper_summary.json"  # head dim 256, every GPU backend beside FA2 and cuDNN
 CUDA_RUNGS = ("cuda-wgmma-ws", "cuda-wgmma", "cuda-mma")
 
@@ -981,6 +1004,7 @@ TABLES = {
     "triton-accuracy": t_triton_accuracy,
     "triton-n1024": t_triton_n1024,
     "hopper-targets": t_hopper_targets,
+    "variants-targets": t_variants_targets,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
