@@ -47,7 +47,7 @@ import numpy as np
 from flash_attention_py import masks
 from flash_attention_py.validation import dtype_name
 
-from . import runtime
+from . import launch_plans, runtime
 from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS,
                            auto_backward)
 
@@ -144,10 +144,12 @@ def _cached(fn):
 
 
 def clear_caches() -> None:
-    """Forget every cached launch spec and backward plan: for code that changes a module-level setting they read
-    (``WGMMA_WS_BACKWARD_MIN_BLOCKS``, a config table) and must see the change at the next call."""
+    """Forget every cached launch spec and backward plan, and every C++ launch plan's key (launch_plans.py): for
+    code that changes a module-level setting they read (``WGMMA_WS_BACKWARD_MIN_BLOCKS``, a config table) and must
+    see the change at the next call."""
     for cached in _CACHES:
         cached.cache_clear()
+    launch_plans.clear()
 
 
 @dataclass(frozen=True)
@@ -674,12 +676,22 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     q (B, Hq, Nq, D); k, v (B, Hk, Nk, D) with Hq % Hk == 0 (mma, wgmma; the others Hk == Hq); dropout:
     (dropout_p, dropout_seed), checked (tensor-core kernels only). These run a D they are not compiled for on
     copies zero-padded to ``padded_head_dim(D)`` (``scale`` is the caller's, so the scores are those of D).
-    wgmma-ws reads q, k, v through tensor maps, which need 16-byte aligned addresses: others are copied."""
+    wgmma-ws reads q, k, v through tensor maps, which need 16-byte aligned addresses: others are copied.
+    A call whose key ran before on contiguous, aligned torch tensors runs that call's C++ launch plan
+    (launch_plans.py): the same launch, without the Python between allocation and launch."""
+    plan_key = launch_plans.forward_key(q, k, window, scale, kernel, config, dropout)
+    if plan_key is not None:
+        plan = launch_plans.FORWARD.get(plan_key)
+        if plan is not None:
+            out = launch_plans.run(plan, [q, k, v])
+            if out is not None:
+                return out
     D = q.shape[-1]
     if kernel in TENSOR_CORE_KERNELS and padded_head_dim(D) != D:
         Dp = padded_head_dim(D)
         o, lse = run_forward(*(runtime.pad_last(x, Dp) for x in (q, k, v)), window, scale, kernel, config, dropout)
         return runtime.cut_last(o, D), lse
+    given = (q, k, v)
     q, k, v = (runtime.contig(x) for x in (q, k, v))
     if kernel == "wgmma-ws":
         q, k, v = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v))
@@ -688,10 +700,15 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     stream = runtime.Stream(q)
     o = runtime.empty_as(q)  # (B, H, Nq, D) in q's dtype: q is contiguous here
     lse = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
-    vec4 = p.D % 4 == 0 and all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
+    aligned = all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
+    vec4 = p.D % 4 == 0 and aligned
     ctas = runtime.device_sms(q) if kernel == "wgmma-ws" else None
-    runtime.launch(stream, forward_spec(kernel, p, vec4=vec4, config=config, ctas=ctas),
-                   dict(Q=q, K=k, V=v, O=o, LSE=lse))
+    spec = forward_spec(kernel, p, vec4=vec4, config=config, ctas=ctas)
+    runtime.launch(stream, spec, dict(Q=q, K=k, V=v, O=o, LSE=lse))
+    if plan_key is not None and aligned and stream.handle is not None and kernel in TENSOR_CORE_KERNELS \
+            and all(a is b for a, b in zip(given, (q, k, v))):  # this call, as a plan for the next of its key
+        launch_plans.remember(launch_plans.FORWARD, plan_key, (spec,), dict(Q=q, K=k, V=v),
+                              (("O", o), ("LSE", lse)), {}, ("O", "LSE"))
     return o, lse
 
 
@@ -784,6 +801,13 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma).
     What to launch is :func:`backward_plan`'s, once per distinct call; a call allocates dQ, dK, dV and one float32
     scratch buffer, and launches."""
+    plan_key = launch_plans.backward_key(q, k, window, scale, kernel, config, dropout)
+    if plan_key is not None:
+        hit = launch_plans.BACKWARD.get(plan_key)
+        if hit is not None:
+            out = launch_plans.run(hit, [q, k, v, o, lse, do])
+            if out is not None:
+                return out
     plan = backward_plan(kernel, dtype_name(q), tuple(q.shape), tuple(k.shape), runtime.device_cc(q),
                          tuple(window), float(scale), tuple(dropout), config)
     if plan.pad_to is not None:
@@ -792,6 +816,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         grads = run_backward(q, k, v, o, lse, do, window, scale, plan.kernel, config, dropout)
         return tuple(runtime.cut_last(g, D) for g in grads)
     p = plan.p
+    given = (q, k, v, o, lse, do)
     if plan.scratch:  # the tensor-core kernels take raw addresses
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
         if plan.kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
@@ -815,4 +840,9 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         runtime.launch(stream, spec, arrays, as_arg=as_arg)
     if plan.out_dtype != p.dtype:
         dq, dk, dv = (runtime.convert(g, plan.out_dtype) for g in (dq, dk, dv))
+    elif plan_key is not None and plan.scratch and stream.handle is not None \
+            and all(a is b and runtime.ptr(a) % 16 == 0 for a, b in zip(given, (q, k, v, o, lse, do))):
+        launch_plans.remember(launch_plans.BACKWARD, plan_key, plan.specs, dict(Q=q, K=k, V=v, O=o, LSE=lse, dO=do),
+                              (("dQ", dq), ("dK", dk), ("dV", dv), ("scratch", scratch)),
+                              {name: ("scratch", 4 * offset) for name, offset in plan.scratch}, ("dQ", "dK", "dV"))
     return dq, dk, dv

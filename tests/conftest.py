@@ -6,8 +6,11 @@
 * Every accuracy check records its errors (``flash_attention_py.testing``); the summary at the end prints,
   per backend, device, dtype and quantity, the worst max-abs and relative-norm error against the float64
   reference.
+* Every test starts on the CUDA rung's Python path (``fresh_launch_plans``): a C++ launch plan registered by an
+  earlier test with the same key would otherwise answer a call before the test's patched settings or spies.
 """
 import os
+import sys
 
 import pytest
 
@@ -18,6 +21,15 @@ from flash_attention_triton.capabilities import use_interpreter_without_gpu  # n
 use_interpreter_without_gpu()
 
 from flash_attention_py import testing  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_launch_plans():
+    """Forget the CUDA rung's launch-plan keys before each test (flash_attention_cuda/launch_plans.py)."""
+    plans = sys.modules.get("flash_attention_cuda.launch_plans")
+    if plans is not None:
+        plans.clear()
+    yield
 
 
 @pytest.fixture

@@ -1,0 +1,194 @@
+// Launch plans in C++: a call's allocations and kernel launches without Python in between.
+//
+// flash_attn_cuda's Python path spends 50-80 us of host time on a call whose kernels run a few microseconds
+// (docs/performance.md, "Host time"): the checks, torch.empty twice, the stream lookup, argument packing and
+// cuLaunchKernel through ctypes. After the first call of a given shape, launch_plans.py registers here what that
+// call did -- its outputs' shapes and dtypes and, per launch, the kernel, grid, block, shared memory and where each
+// parameter comes from -- and a later call with the same key runs it in one C++ call:
+//
+//   run(plan, [q, k, v])  ->  (O, lse)            (the forward; the backward: [q, k, v, o, lse, dO] -> dQ, dK, dV)
+//
+// The plan never checks an input's values or types: Python did, before it registered the plan, and keys it on
+// every property those checks read. What run does check is what the key leaves out: each input contiguous on the
+// plan's device (the current one), and 16 bytes aligned where the plan needs it. Otherwise it returns None and the
+// caller takes the Python path. No CUDA header is needed: the two driver entry points (cuLaunchKernel and
+// cuTensorMapEncodeTiled) are passed in as addresses by launch_plans.py, which found them with ctypes.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+// cuda.h's signatures, with its handles as void*
+using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned smem, void* stream, void** params, void** extra);
+using EncodeFn = int (*)(void* map, int dtype, uint32_t rank, void* address, const uint64_t* dims,
+                         const uint64_t* byte_strides, const uint32_t* box, const uint32_t* elem_strides,
+                         int interleave, int swizzle, int l2_promotion, int oob_fill);
+
+struct MapArg {          // a TMA descriptor of a buffer, encoded at each call (it holds the address)
+  int src;               // which buffer: an input, then the outputs in order
+  uint64_t dims[3];      // innermost first (runtime.tensor_map_layout)
+  uint64_t strides[2];   // bytes
+  uint32_t box[3];
+  int swizzle;
+};
+
+struct BufArg {          // a pointer parameter: buffer src's address + offset bytes
+  int src;
+  int64_t offset;
+};
+
+struct Launch {
+  void* function;        // CUfunction
+  unsigned dims[6];      // grid x y z, block x y z
+  unsigned smem;
+  std::vector<MapArg> maps;
+  std::vector<BufArg> buffers;
+  std::vector<uint8_t> scalars;          // the scalar parameters' C values, back to back
+  std::vector<size_t> scalar_offsets;    // where each starts in `scalars`
+};
+
+struct Output {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+struct Plan {
+  int device;
+  size_t n_inputs;
+  std::vector<uint8_t> aligned16;        // per input: its address must be a multiple of 16 bytes
+  std::vector<Output> outputs;
+  std::vector<Launch> launches;
+  std::vector<int> returned;             // which outputs run() returns, in order
+};
+
+std::vector<Plan> g_plans;
+LaunchFn g_launch = nullptr;
+EncodeFn g_encode = nullptr;
+
+// cuda.h: CU_TENSOR_MAP_DATA_TYPE_UINT16, _INTERLEAVE_NONE, _L2_PROMOTION_L2_256B, _FLOAT_OOB_FILL_NONE (zeros)
+constexpr int kTmaUint16 = 1, kTmaInterleaveNone = 0, kTmaL2_256B = 3, kTmaOobZero = 0;
+
+void set_driver(int64_t launch, int64_t encode) {
+  g_launch = reinterpret_cast<LaunchFn>(launch);
+  g_encode = reinterpret_cast<EncodeFn>(encode);
+}
+
+// A plan from launch_plans.py's description; returns its id.
+//   outputs: [(shape, dtype), ...]; launches: [(function, dims6, smem, maps, buffers, scalars), ...] with
+//   maps [(src, dims3, strides2, box3, swizzle)], buffers [(src, offset)], scalars [bytes, ...]
+int64_t add_plan(int64_t device, const std::vector<bool>& aligned16, py::list outputs, py::list launches,
+                 const std::vector<int64_t>& returned) {
+  Plan plan;
+  plan.device = static_cast<int>(device);
+  plan.n_inputs = aligned16.size();
+  for (bool a : aligned16) plan.aligned16.push_back(a ? 1 : 0);
+  for (auto item : outputs) {
+    auto t = item.cast<py::tuple>();
+    plan.outputs.push_back({t[0].cast<std::vector<int64_t>>(), t[1].cast<at::ScalarType>()});
+  }
+  for (auto item : launches) {
+    auto t = item.cast<py::tuple>();
+    Launch l;
+    l.function = reinterpret_cast<void*>(t[0].cast<int64_t>());
+    auto dims = t[1].cast<std::vector<int64_t>>();
+    TORCH_CHECK(dims.size() == 6, "launch_plans.add_plan: dims must hold 6 values");
+    for (int i = 0; i < 6; ++i) l.dims[i] = static_cast<unsigned>(dims[i]);
+    l.smem = t[2].cast<unsigned>();
+    for (auto m : t[3].cast<py::list>()) {
+      auto mt = m.cast<py::tuple>();
+      MapArg a{};
+      a.src = mt[0].cast<int>();
+      auto d = mt[1].cast<std::vector<uint64_t>>(), s = mt[2].cast<std::vector<uint64_t>>();
+      auto b = mt[3].cast<std::vector<uint32_t>>();
+      TORCH_CHECK(d.size() == 3 && s.size() == 2 && b.size() == 3, "launch_plans.add_plan: a map is 3-d");
+      std::copy(d.begin(), d.end(), a.dims);
+      std::copy(s.begin(), s.end(), a.strides);
+      std::copy(b.begin(), b.end(), a.box);
+      a.swizzle = mt[4].cast<int>();
+      l.maps.push_back(a);
+    }
+    for (auto b : t[4].cast<py::list>()) {
+      auto bt = b.cast<py::tuple>();
+      l.buffers.push_back({bt[0].cast<int>(), bt[1].cast<int64_t>()});
+    }
+    for (auto s : t[5].cast<py::list>()) {
+      std::string bytes = s.cast<py::bytes>();
+      l.scalar_offsets.push_back(l.scalars.size());
+      l.scalars.insert(l.scalars.end(), bytes.begin(), bytes.end());
+    }
+    plan.launches.push_back(std::move(l));
+  }
+  for (int64_t r : returned) plan.returned.push_back(static_cast<int>(r));
+  g_plans.push_back(std::move(plan));
+  return static_cast<int64_t>(g_plans.size()) - 1;
+}
+
+// Run plan `id` on `inputs`: allocate its outputs, launch its kernels on torch's current stream, return the
+// outputs it names (a tuple), or None where the inputs do not fit the plan (the caller goes the Python way).
+py::object run(int64_t id, const std::vector<at::Tensor>& inputs) {
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(g_plans.size()), "launch_plans.run: no plan ", id);
+  const Plan& plan = g_plans[id];
+  if (inputs.size() != plan.n_inputs || c10::cuda::current_device() != plan.device) return py::none();
+  std::vector<uint64_t> address;
+  address.reserve(plan.n_inputs + plan.outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& x = inputs[i];
+    if (!x.is_cuda() || x.get_device() != plan.device || !x.is_contiguous() || x.is_neg()) return py::none();
+    uint64_t a = reinterpret_cast<uint64_t>(x.data_ptr());
+    if (plan.aligned16[i] && a % 16 != 0) return py::none();
+    address.push_back(a);
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(plan.outputs.size());
+  for (const Output& o : plan.outputs) {
+    outs.push_back(at::empty(o.shape, at::TensorOptions().dtype(o.dtype).device(at::kCUDA, plan.device)));
+    address.push_back(reinterpret_cast<uint64_t>(outs.back().data_ptr()));
+  }
+  void* stream = c10::cuda::getCurrentCUDAStream(plan.device).stream();
+  for (const Launch& l : plan.launches) {
+    // kernelParams: the maps (128 bytes each, 64-byte aligned), then the buffers' addresses, then the scalars
+    alignas(64) uint8_t maps[4][128];
+    uint64_t buffers[16];
+    void* params[32];
+    TORCH_CHECK(l.maps.size() <= 4 && l.buffers.size() <= 16 &&
+                    l.maps.size() + l.buffers.size() + l.scalar_offsets.size() <= 32,
+                "launch_plans.run: too many kernel parameters");
+    size_t n = 0;
+    for (size_t i = 0; i < l.maps.size(); ++i) {
+      const MapArg& m = l.maps[i];
+      const uint32_t ones[3] = {1, 1, 1};
+      int err = g_encode(maps[i], kTmaUint16, 3, reinterpret_cast<void*>(address[m.src]), m.dims, m.strides, m.box,
+                         ones, kTmaInterleaveNone, m.swizzle, kTmaL2_256B, kTmaOobZero);
+      TORCH_CHECK(err == 0, "launch_plans.run: cuTensorMapEncodeTiled failed with CUresult ", err);
+      params[n++] = maps[i];
+    }
+    for (size_t i = 0; i < l.buffers.size(); ++i) {
+      buffers[i] = address[l.buffers[i].src] + l.buffers[i].offset;
+      params[n++] = &buffers[i];
+    }
+    for (size_t off : l.scalar_offsets) params[n++] = const_cast<uint8_t*>(l.scalars.data() + off);
+    int err = g_launch(l.function, l.dims[0], l.dims[1], l.dims[2], l.dims[3], l.dims[4], l.dims[5], l.smem, stream,
+                       params, nullptr);
+    TORCH_CHECK(err == 0, "launch_plans.run: cuLaunchKernel failed with CUresult ", err);
+  }
+  py::tuple result(plan.returned.size());
+  for (size_t i = 0; i < plan.returned.size(); ++i) result[i] = py::cast(outs[plan.returned[i]]);
+  return result;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "flash_attention_cuda's launch plans: a call's allocations and launches in C++ (launch_plans.py)";
+  m.def("set_driver", &set_driver, "the addresses of cuLaunchKernel and cuTensorMapEncodeTiled");
+  m.def("add_plan", &add_plan, "register a launch plan; returns its id");
+  m.def("run", &run, "run a plan on its inputs -> its outputs, or None where they do not fit it");
+  m.def("count", [] { return g_plans.size(); }, "how many plans are registered");
+}

@@ -1,0 +1,198 @@
+"""Launch plans in C++ (``launch_plans.cpp``): a repeated call's allocations and launches without Python between them.
+
+A call of ``flash_attn_cuda`` on the Python path costs 50-80 us of host time (docs/performance.md, *Host time*):
+the checks, two ``torch.empty``, the stream lookup, the parameters packed for ``cuLaunchKernel``. At N = 1024 a
+kernel runs about that long, so the host decides. Here the first call of a key (shapes, dtypes, device and every
+argument) runs the Python path and then registers what it did as a plan in a small C++ extension: the outputs'
+shapes and dtypes and, per launch, the kernel, grid, block, shared memory and where each parameter comes from
+(an input, an output at an offset, a tensor map of one, or a constant). Every later call with that key is one
+C++ call that allocates, encodes the tensor maps, launches on torch's current stream and returns:
+
+    flash_attn_cuda(q, k, v, ...)        first call: checks, run_forward, plan registered under its key
+    flash_attn_cuda(q, k, v, ...)        later calls: FORWARD[key] -> run(plan, [q, k, v]) -> (O, lse)
+
+Three lookups use it, each keyed on everything the code it skips would read:
+* ``PUBLIC``: flash_attn_cuda's own arguments, their types included (``public_forward_key``): a call that needs no
+  gradient skips the checks too. A call the checks would refuse has a key of its own, so it never finds a plan.
+* ``FORWARD``: run_forward's checked arguments (``forward_key``): the autograd and ``torch.compile`` paths.
+* ``BACKWARD``: run_backward's (``backward_key``): the backward's four allocations and three or four launches.
+What a key leaves out, ``run`` checks in C++: every input contiguous, on the plan's device (the current one),
+16-byte aligned; otherwise it returns None and the caller takes the Python path. Dropout (whose seed is a kernel
+argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are never planned.
+
+The extension is built with ``torch.utils.cpp_extension`` on the first planned call on a GPU (about 30 s, once per
+machine; torch caches the build). ``FA_CUDA_LAUNCH_PLANS=0`` turns plans off; a build that fails warns once and
+leaves every call on the Python path, which gives the same results bit for bit.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import warnings
+
+import numpy as np
+
+from . import runtime
+
+__all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_key", "describe", "remember", "run",
+           "PUBLIC", "FORWARD", "BACKWARD", "clear"]
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
+ENABLED = os.environ.get("FA_CUDA_LAUNCH_PLANS", "1") != "0"
+PLANS_MAX = 4096  # keys kept per table; a fuller table is cleared (the C++ plans stay: a few hundred bytes each)
+PUBLIC: dict = {}  # public_forward_key -> plan id
+FORWARD: dict = {}  # forward_key -> plan id
+BACKWARD: dict = {}  # backward_key -> plan id
+_EXT = None  # the built extension; False where it is off or cannot be built here
+_LOCK = threading.Lock()
+_Tensor = None  # torch.Tensor, once torch is imported
+
+
+def module():
+    """The built extension, building it on first use; False where plans are off or it cannot be built."""
+    global _EXT
+    if _EXT is None:
+        with _LOCK:
+            if _EXT is None:
+                _EXT = _build()
+    return _EXT
+
+
+def enabled() -> bool:
+    """Plans are on (``ENABLED``, and the driver launch, ``runtime.DRIVER_LAUNCH``) and not known to be unbuildable."""
+    return ENABLED and runtime.DRIVER_LAUNCH and _EXT is not False
+
+
+def _build():
+    if not ENABLED:
+        return False
+    try:
+        import torch
+        from torch.utils import cpp_extension
+
+        if torch.version.cuda is None or not torch.cuda.is_available():
+            return False
+        print("flash_attention_cuda: building the C++ launch plans (launch_plans.cpp; once per machine, about 30 s; "
+              "FA_CUDA_LAUNCH_PLANS=0 skips them)", file=sys.stderr, flush=True)
+        ext = cpp_extension.load(name="fa_ladder_launch_plans", sources=[SOURCE], extra_cflags=["-O2"],
+                                 with_cuda=True, verbose=False)
+        lib = runtime._libcuda()
+        ext.set_driver(ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value,
+                       ctypes.cast(lib.cuTensorMapEncodeTiled, ctypes.c_void_p).value)
+        return ext
+    except Exception as err:  # no compiler, no CUDA headers, ...: the Python path does the same work
+        warnings.warn(f"flash_attention_cuda: the C++ launch plans could not be built ({type(err).__name__}: {err}); "
+                      f"every call takes the Python path (set FA_CUDA_LAUNCH_PLANS=0 to skip the attempt)",
+                      RuntimeWarning, stacklevel=3)
+        return False
+
+
+def _plain_tensors(*xs) -> bool:
+    global _Tensor
+    if _Tensor is None:
+        if "torch" not in sys.modules:
+            return False
+        _Tensor = sys.modules["torch"].Tensor
+    return all(type(x) is _Tensor for x in xs)
+
+
+def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, dropout_seed):
+    """flash_attn_cuda's key, or None where no plan may answer the call: plans off, not three plain torch tensors,
+    dropout, a ``torch.compile`` trace, a call that needs a gradient, or an argument whose check reads more than
+    the key (|softmax_scale| > 1 reads the data; a window that is not a tuple). Types are part of the key, so
+    ``causal=1`` never finds the plan of ``causal=True`` (the checks refuse the first)."""
+    if not (enabled() and _plain_tensors(q, k, v)) or dropout_seed is not None or type(window_size) is not tuple:
+        return None
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                      or v.requires_grad)):
+        return None
+    if softmax_scale is not None and not (type(softmax_scale) in (int, float) and abs(softmax_scale) <= 1.0):
+        return None
+    key = (type(causal), causal, type(softmax_scale), softmax_scale, type(kernel), kernel, type(return_lse),
+           return_lse, tuple(type(w) for w in window_size), window_size, type(dropout_p), dropout_p,
+           q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+           v.shape, v.stride(), v.dtype, v.device)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def forward_key(q, k, window, scale: float, kernel: str, config, dropout):
+    """run_forward's key (checked arguments), or None where plans cannot answer (off, not torch, dropout)."""
+    if not (enabled() and _plain_tensors(q, k)) or dropout[0] > 0.0:
+        return None
+    return (kernel, config, scale, window, q.shape, k.shape, q.dtype, q.device)
+
+
+def backward_key(q, k, window, scale: float, kernel: str, config, dropout):
+    """run_backward's key (checked arguments), or None where plans cannot answer (off, not torch, dropout)."""
+    if not (enabled() and _plain_tensors(q, k)) or dropout[0] > 0.0:
+        return None
+    return (kernel, config, scale, window, q.shape, k.shape, q.dtype, q.device)
+
+
+def run(plan: int, inputs: list):
+    """Run plan ``plan`` on ``inputs`` -> a tuple of its outputs, or None where they do not fit it."""
+    return _EXT.run(plan, inputs)
+
+
+def describe(specs, inputs: dict, outputs: tuple, at: dict, function_of) -> tuple:
+    """The C++ description of a plan that launches ``specs`` (launch_specs.LaunchSpec) in order.
+
+    inputs: name -> shape of the buffers ``run`` takes, in its order (``Q``, ``K``, ``V``); outputs: ((name, shape,
+    torch dtype), ...) allocated by each call, in order; at: name -> (buffer, byte offset) for the buffers that sit
+    inside another (a scratch allocation's Delta, dQaccum, ...); function_of(spec): the kernel's CUfunction
+    handle. Returns (outputs as (shape, dtype), launches as (function, grid + block, smem, maps, buffers,
+    scalar bytes)), maps as (buffer index, dims, byte strides, box, swizzle) (runtime.tensor_map_layout)."""
+    names = list(inputs) + [name for name, _, _ in outputs]
+    shapes = {**inputs, **{name: shape for name, shape, _ in outputs}}
+
+    def where(name):
+        base, offset = at.get(name, (name, 0))
+        return names.index(base), offset
+
+    launches = []
+    for spec in specs:
+        grid = tuple(spec.grid) + (1,) * (3 - len(spec.grid))
+        block = tuple(spec.block) + (1,) * (3 - len(spec.block))
+        maps = []
+        for _, name, rows in spec.maps:
+            dims, strides, box = runtime.tensor_map_layout(shapes[name], rows)
+            maps.append((where(name)[0], list(dims), list(strides), list(box), runtime._TMA_SWIZZLE[box[0]]))
+        buffers = [where(name) for name in spec.buffers]
+        scalars = [np.asarray(value).tobytes() for value in spec.scalar_values]
+        launches.append((int(function_of(spec)), [int(d) for d in grid + block], int(spec.smem), maps, buffers,
+                         scalars))
+    return [(list(shape), dtype) for _, shape, dtype in outputs], launches
+
+
+def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, returned: tuple):
+    """Register the plan of a call that just ran ``specs`` on the Python path under ``key`` in ``table``.
+
+    inputs: name -> the call's tensor, in ``run``'s order; outputs: ((name, tensor), ...) the call allocated;
+    at and returned (output names ``run`` returns): as ``describe``. Nothing is registered where the extension
+    is off or cannot be built. Returns the plan id, or None."""
+    if key is None or not module():
+        return None
+    device = next(iter(inputs.values())).device.index
+    out = tuple((name, tuple(x.shape), x.dtype) for name, x in outputs)
+    desc_outputs, launches = describe(specs, {name: tuple(x.shape) for name, x in inputs.items()}, out, at,
+                                      lambda spec: runtime.get_kernel(spec.source, spec.name, device).kernel.ptr)
+    out_names = [name for name, _ in outputs]
+    plan = _EXT.add_plan(device, [True] * len(inputs), desc_outputs, launches, [out_names.index(r) for r in returned])
+    if len(table) >= PLANS_MAX:
+        table.clear()
+    table[key] = plan
+    return plan
+
+
+def clear() -> None:
+    """Forget every key (the C++ plans stay registered, unused): tests start from the Python path."""
+    PUBLIC.clear()
+    FORWARD.clear()
+    BACKWARD.clear()

@@ -1,0 +1,260 @@
+"""The CUDA rung's C++ launch plans (flash_attention_cuda/launch_plans.py, launch_plans.cpp).
+
+* CPU: the description a plan is built from (every kernel parameter from the right buffer, tensor map or
+  constant), the keys (a call the checks would refuse never shares a key with one they pass), a build that fails
+  (a warning, then the Python path), and that ``launch_specs.clear_caches`` forgets the plans.
+* GPU: a repeated call runs its plan (no Python launch) and gives the Python path's bits, forward and backward,
+  every tensor-core rung, with causal, a window and grouped-query heads; inputs that do not fit a plan
+  (misaligned, strided, another stream) fall back; bad input still raises after a plan exists; a plan runs inside
+  a CUDA graph capture. Without a GPU these skip with the reason.
+"""
+import numpy as np
+import pytest
+import torch
+
+from flash_attention_py import make_inputs
+
+from flash_attention_cuda import flash_attn_cuda, launch_plans, launch_specs, runtime
+from flash_attention_cuda.capabilities import cuda_unavailable_reason, hopper_probe
+
+REASON = cuda_unavailable_reason()
+gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+HOPPER_REASON = hopper_probe("cuda")
+hopper = pytest.mark.skipif(HOPPER_REASON is not None, reason=f"wgmma: {HOPPER_REASON}")
+
+
+# ------------------------------------------------------------------ CPU: the description and the keys
+@pytest.mark.parametrize("make", ["wgmma_ws_fwd", "mma_fwd", "wgmma_bwd_ws", "mma_bwd_dkdv"])
+def test_description_names_every_parameter(make):
+    """describe(): per launch, the kernel, grid + block (padded to 3 + 3), shared memory; each tensor map from its
+    buffer with runtime.tensor_map_layout's dims, strides and box and the swizzle of its box; each pointer from
+    its buffer (an input, an output, or a buffer inside the scratch output at its byte offset); each scalar's
+    C value as bytes, in the kernel's order."""
+    p = launch_specs.Problem(B=2, H=4, Nq=100, Nk=70, D=64, dtype="bfloat16", scale=-0.3, window=(5, 0), Hk=2)
+    forward = make.endswith("fwd")
+    if make == "wgmma_ws_fwd":
+        spec = launch_specs.wgmma_ws_fwd(p, ctas=132)
+    elif make == "mma_fwd":
+        spec = launch_specs.forward_spec("mma", p, vec4=True)
+    else:
+        spec = getattr(launch_specs, make)(p)
+    q, kv = (2, 4, 100, 64), (2, 2, 70, 64)
+    if forward:
+        inputs = dict(Q=q, K=kv, V=kv)
+        outputs = (("O", q, torch.float16), ("LSE", (2, 4, 100), torch.float32))
+        at = {}
+    else:
+        inputs = dict(Q=q, K=kv, V=kv, O=q, LSE=(2, 4, 100), dO=q)
+        outputs = (("dQ", q, torch.float16), ("dK", kv, torch.float16), ("dV", kv, torch.float16),
+                   ("scratch", (4096,), torch.float32))
+        at = {"Delta": ("scratch", 4 * 64), "dQaccum": ("scratch", 0), "dKVpart": ("scratch", 0)}
+    shapes = {**inputs, **{n: s for n, s, _ in outputs}}
+    outs, launches = launch_plans.describe((spec,), inputs, outputs, at, lambda s: 0xC0FFEE)
+    assert outs == [(list(s), d) for _, s, d in outputs]
+    (function, dims, smem, maps, buffers, scalars), = launches
+    names = list(inputs) + [n for n, _, _ in outputs]
+    assert function == 0xC0FFEE and smem == spec.smem
+    assert dims == list(tuple(spec.grid) + (1,) * (3 - len(spec.grid)) + tuple(spec.block) + (1,) * (3 - len(spec.block)))
+    assert len(maps) == len(spec.maps)
+    for (src, mdims, mstrides, box, swizzle), (_, name, rows) in zip(maps, spec.maps):
+        want = runtime.tensor_map_layout(shapes[name], rows)
+        assert names[src] == name and (tuple(mdims), tuple(mstrides), tuple(box)) == want
+        assert swizzle == runtime._TMA_SWIZZLE[want[2][0]]
+    for (src, offset), name in zip(buffers, spec.buffers):
+        base, want_offset = at.get(name, (name, 0))
+        assert names[src] == base and offset == want_offset, name
+    assert len(buffers) == len(spec.buffers)
+    assert scalars == [np.asarray(v).tobytes() for v in spec.scalar_values]
+    assert all(len(b) in (4, 8) for b in scalars)
+
+
+def test_public_keys_keep_refused_calls_apart(monkeypatch):
+    """public_forward_key: argument types are part of the key (causal=1 is not causal=True), so is every stride;
+    no key where a plan may not answer: dropout, a window that is not a tuple, a gradient needed, |scale| > 1,
+    not plain torch tensors."""
+    monkeypatch.setattr(launch_plans, "ENABLED", True)
+    monkeypatch.setattr(launch_plans, "_EXT", None)  # not yet built: keys are made (no plan is ever found here)
+    q = torch.randn(1, 2, 8, 64)
+    base = dict(causal=True, softmax_scale=None, kernel="auto", return_lse=False, window_size=(-1, -1),
+                dropout_p=0.0, dropout_seed=None)
+
+    def key(x=q, **kw):
+        args = {**base, **kw}
+        return launch_plans.public_forward_key(x, q, q, *args.values())
+
+    assert key() is not None and key() == key()
+    assert key(causal=1) != key() and key(window_size=(-1.0, -1)) != key()
+    assert key(x=q.transpose(2, 3).contiguous().transpose(2, 3)) != key()  # same shape, other strides
+    assert key(kernel="wgmma") != key() and key(return_lse=True) != key()
+    for refused in (dict(dropout_seed=3), dict(window_size=[-1, -1]), dict(softmax_scale=2.0),
+                    dict(softmax_scale=np.float32(0.1))):
+        assert key(**refused) is None, refused
+    assert key(x=q.requires_grad_()) is None
+    q.requires_grad_(False)
+    with torch.no_grad():
+        assert key(x=q.clone().requires_grad_()) is not None  # no gradient under no_grad
+    assert launch_plans.public_forward_key(q.numpy(), q, q, *base.values()) is None
+
+
+def test_clear_caches_forgets_plans():
+    """launch_specs.clear_caches(), called by code that changes a setting the specs read, forgets the plans' keys
+    too, so the next call is planned again from the new setting."""
+    launch_plans.FORWARD["k"] = launch_plans.BACKWARD["k"] = launch_plans.PUBLIC["k"] = 0
+    launch_specs.clear_caches()
+    assert not (launch_plans.FORWARD or launch_plans.BACKWARD or launch_plans.PUBLIC)
+
+
+def test_a_failed_build_warns_and_leaves_the_python_path(monkeypatch):
+    """Where the extension cannot be built (no compiler, no CUDA headers), module() warns once, naming the cause
+    and the switch that skips the attempt, and returns False; plans are then off for the process."""
+    from torch.utils import cpp_extension
+
+    def fail(*a, **kw):
+        raise OSError("nvcc not found")
+
+    monkeypatch.setattr(launch_plans, "_EXT", None)
+    monkeypatch.setattr(launch_plans, "ENABLED", True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    with pytest.warns(RuntimeWarning, match=r"could not be built \(OSError: nvcc not found\).*FA_CUDA_LAUNCH_PLANS=0"):
+        assert launch_plans.module() is False
+    assert not launch_plans.enabled()
+    assert launch_plans.remember(launch_plans.FORWARD, ("k",), (), {}, (), {}, ()) is None
+
+
+def test_plans_off_by_environment(monkeypatch):
+    """FA_CUDA_LAUNCH_PLANS=0 (launch_plans.ENABLED False): no key, no build."""
+    monkeypatch.setattr(launch_plans, "ENABLED", False)
+    monkeypatch.setattr(launch_plans, "_EXT", None)
+    q = torch.randn(1, 1, 4, 16)
+    assert launch_plans.public_forward_key(q, q, q, False, None, "auto", False, (-1, -1), 0.0, None) is None
+    assert launch_plans.module() is False
+
+
+# ------------------------------------------------------------------ GPU: plans give the Python path's bits
+def _qkv(B, Hq, Hk, Nq, Nk, D, dtype, seed=0):
+    x = make_inputs(B, Hq, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda", seed=seed)
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    return q, k[:, :Hk].contiguous(), v[:, :Hk].contiguous(), do
+
+
+def _no_python_launch(monkeypatch):
+    def refuse(*a, **kw):
+        raise AssertionError("a launch took the Python path")
+
+    monkeypatch.setattr(runtime, "launch", refuse)
+
+
+CASES = [  # (Hq, Hk, Nq, Nk, D, dtype, keywords)
+    (4, 4, 100, 130, 64, "float16", dict(causal=True)),
+    (6, 2, 257, 190, 128, "bfloat16", dict(window_size=(40, 7))),
+    (4, 1, 64, 300, 32, "float16", dict()),
+]
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_repeated_forward_runs_its_plan(kernel, case, monkeypatch):
+    """The first call runs the Python path and registers its plan; the second, with new values in new tensors
+    of the same shapes, runs the plan alone (no Python launch) and gives the bits the Python path gives."""
+    Hq, Hk, Nq, Nk, D, dtype, kw = CASES[case]
+    q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+    flash_attn_cuda(q, k, v, kernel=kernel, **kw)
+    assert launch_plans.PUBLIC and launch_plans.FORWARD, "the first call registered no plan"
+    q2, k2, v2, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype, seed=1)
+    with monkeypatch.context() as m:
+        _no_python_launch(m)
+        o, lse = flash_attn_cuda(q2, k2, v2, kernel=kernel, return_lse=True, **kw)
+    launch_plans.clear()
+    o_py, lse_py = flash_attn_cuda(q2, k2, v2, kernel=kernel, return_lse=True, **kw)  # the Python path again
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
+def test_repeated_backward_runs_its_plan(kernel, monkeypatch):
+    """Through autograd: the forward (FORWARD, the checked arguments' key) and the backward (BACKWARD) run their
+    plans on the second step, and give the Python path's results: O, dK and dV bit for bit; dQ to float32
+    rounding where the backward sums it with atomic adds (wgmma-ws, 'auto' on a Hopper), else bit for bit."""
+    Hq, Hk, Nq, Nk, D, dtype, kw = CASES[1]
+    q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+
+    def step():
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = flash_attn_cuda(*x, kernel=kernel, **kw)
+        o.backward(do)
+        return [o.detach()] + [t.grad for t in x]
+
+    step()
+    assert launch_plans.FORWARD and launch_plans.BACKWARD, "the first step registered no plan"
+    with monkeypatch.context() as m:
+        _no_python_launch(m)
+        planned = step()
+    launch_plans.clear()
+    again = step()
+    for name, a, b in zip(("o", "dq", "dk", "dv"), planned, again):
+        if name == "dq":
+            assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item() + 1e-3
+        else:
+            assert torch.equal(a, b), name
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma-ws", marks=hopper)])
+def test_inputs_that_do_not_fit_a_plan_fall_back(kernel):
+    """A plan needs contiguous, 16-byte aligned inputs on the current device. A misaligned copy (2 bytes into
+    its storage) and a strided view of the same shapes find the plan, are refused by it, and take the Python
+    path, which gives the right answer: the same as a contiguous aligned copy's."""
+    q, k, v, _ = _qkv(1, 2, 2, 77, 77, 64, "float16")
+    o = flash_attn_cuda(q, k, v, kernel=kernel, causal=True)
+    flash_attn_cuda(q, k, v, kernel=kernel, causal=True)
+    assert launch_plans.PUBLIC
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+    q_mis = flat[1:].view(q.shape)
+    q_mis.copy_(q)
+    assert q_mis.data_ptr() % 16 != 0 and q_mis.is_contiguous()
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, D) memory, (B, H, N, D) view
+    for x in (q_mis, q_strided):  # (the misaligned copy runs mma's scalar-load instantiation: same sums)
+        assert (flash_attn_cuda(x, k, v, kernel=kernel, causal=True).float() - o.float()).abs().max().item() <= 1e-3
+
+
+@gpu
+def test_bad_input_still_raises_after_a_plan():
+    """A plan never answers a call the checks would refuse: its key holds every argument's type and value."""
+    q, k, v, _ = _qkv(1, 2, 2, 64, 64, 64, "float16")
+    for _ in range(2):
+        flash_attn_cuda(q, k, v, causal=True)
+    assert launch_plans.PUBLIC
+    with pytest.raises(TypeError, match="causal"):
+        flash_attn_cuda(q, k, v, causal=1)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_cuda(q, k, v, causal=True, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="unknown kernel"):
+        flash_attn_cuda(q, k, v, causal=True, kernel="wmma")
+
+
+@gpu
+def test_plan_runs_inside_a_cuda_graph():
+    """A planned call captured in a CUDA graph: its allocation comes from the graph's pool and its launch is
+    recorded on the capture stream; a replay after new values are copied into the inputs gives the eager
+    answer for them."""
+    q, k, v, _ = _qkv(1, 2, 2, 128, 128, 64, "float16")
+    for _ in range(2):
+        flash_attn_cuda(q, k, v, causal=True)
+    assert launch_plans.PUBLIC
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_attn_cuda(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = flash_attn_cuda(q, k, v, causal=True)
+    q2, k2, v2, _ = _qkv(1, 2, 2, 128, 128, 64, "float16", seed=5)
+    for dst, src in ((q, q2), (k, k2), (v, v2)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o, flash_attn_cuda(q2, k2, v2, causal=True))
