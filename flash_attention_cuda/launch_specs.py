@@ -676,7 +676,8 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     q (B, Hq, Nq, D); k, v (B, Hk, Nk, D) with Hq % Hk == 0 (mma, wgmma; the others Hk == Hq); dropout:
     (dropout_p, dropout_seed), checked (tensor-core kernels only). These run a D they are not compiled for on
     copies zero-padded to ``padded_head_dim(D)`` (``scale`` is the caller's, so the scores are those of D).
-    wgmma-ws reads q, k, v through tensor maps, which need 16-byte aligned addresses: others are copied.
+    The tensor-core kernels read 16-byte vectors (cp.async; wgmma-ws tensor maps), which need 16-byte aligned
+    addresses: a misaligned input (a view at an odd offset into its storage) is copied.
     A call whose key ran before on contiguous, aligned torch tensors runs that call's C++ launch plan
     (launch_plans.py): the same launch, without the Python between allocation and launch."""
     plan_key = launch_plans.forward_key(q, k, window, scale, kernel, config, dropout)
@@ -693,7 +694,7 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
         return runtime.cut_last(o, D), lse
     given = (q, k, v)
     q, k, v = (runtime.contig(x) for x in (q, k, v))
-    if kernel == "wgmma-ws":
+    if kernel in TENSOR_CORE_KERNELS:  # 16-byte loads and tensor maps need 16-byte aligned addresses
         q, k, v = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v))
     p = _problem(q, k, scale, window, dropout=dropout)
     _check_variants(kernel, p, "run_forward")
@@ -819,8 +820,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     given = (q, k, v, o, lse, do)
     if plan.scratch:  # the tensor-core kernels take raw addresses
         q, k, v, o, do, lse = (runtime.contig(x) for x in (q, k, v, o, do, lse))
-        if plan.kernel == "wgmma-ws":  # tensor maps need 16-byte aligned addresses
-            q, k, v, do = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, do))
+        # 16-byte loads and tensor maps need 16-byte aligned addresses: misaligned views are copied
+        q, k, v, o, do, lse = (x if runtime.ptr(x) % 16 == 0 else runtime.copy(x) for x in (q, k, v, o, do, lse))
         as_arg = runtime.ptr
     else:
         q, k, v, o, do, lse = (runtime.convert(x, "float32") for x in (q, k, v, o, do, lse))

@@ -14,7 +14,7 @@ import torch
 
 from flash_attention_py import make_inputs
 
-from flash_attention_cuda import flash_attn_cuda, launch_plans, launch_specs, runtime
+from flash_attention_cuda import flash_attn_cuda, flash_attn_cuda_backward, launch_plans, launch_specs, runtime
 from flash_attention_cuda.capabilities import cuda_unavailable_reason, hopper_probe
 
 REASON = cuda_unavailable_reason()
@@ -206,7 +206,8 @@ def test_repeated_backward_runs_its_plan(kernel, monkeypatch):
 def test_inputs_that_do_not_fit_a_plan_fall_back(kernel):
     """A plan needs contiguous, 16-byte aligned inputs on the current device. A misaligned copy (2 bytes into
     its storage) and a strided view of the same shapes find the plan, are refused by it, and take the Python
-    path, which gives the right answer: the same as a contiguous aligned copy's."""
+    path, which copies them and gives the aligned contiguous input's bits; so does the backward (mma: no
+    atomics) given a misaligned q or dO."""
     q, k, v, _ = _qkv(1, 2, 2, 77, 77, 64, "float16")
     o = flash_attn_cuda(q, k, v, kernel=kernel, causal=True)
     flash_attn_cuda(q, k, v, kernel=kernel, causal=True)
@@ -216,8 +217,17 @@ def test_inputs_that_do_not_fit_a_plan_fall_back(kernel):
     q_mis.copy_(q)
     assert q_mis.data_ptr() % 16 != 0 and q_mis.is_contiguous()
     q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, D) memory, (B, H, N, D) view
-    for x in (q_mis, q_strided):  # (the misaligned copy runs mma's scalar-load instantiation: same sums)
-        assert (flash_attn_cuda(x, k, v, kernel=kernel, causal=True).float() - o.float()).abs().max().item() <= 1e-3
+    for x in (q_mis, q_strided):  # the Python path copies both (the kernels load 16 bytes at a time): same bits
+        assert torch.equal(flash_attn_cuda(x, k, v, kernel=kernel, causal=True), o)
+    o, lse = flash_attn_cuda(q, k, v, kernel=kernel, causal=True, return_lse=True)
+    do = torch.randn_like(q)
+    grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=True, kernel="mma")
+    flat.zero_()
+    do_mis = flat[1:].view(q.shape)
+    do_mis.copy_(do)
+    for args in ((q_mis, k, v, o, lse, do), (q, k, v, o, lse, do_mis)):  # misaligned inputs of the backward
+        again = flash_attn_cuda_backward(*args, causal=True, kernel="mma")
+        assert all(torch.equal(a, b) for a, b in zip(again, grads))
 
 
 @gpu
