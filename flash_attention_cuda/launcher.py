@@ -65,6 +65,8 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
                 padded work and one copy).
         The checks of a call are done once per distinct (shapes, strides, dtypes, devices, arguments) and
         remembered (checks.check_forward_cached): a loop of identical calls pays them on its first call only.
+        On a GPU, a call whose key ran before runs that call's C++ launch plan (launch_plans.py): the same
+        kernels and bits, without the Python between the checks and the launch (FA_CUDA_LAUNCH_PLANS=0: off).
         return_lse: also return lse (B, Hq, Nq) float32 = log(sum_j exp(scaled score)) of the softmax before
             dropout.
 

@@ -222,8 +222,7 @@ def test_inputs_that_do_not_fit_a_plan_fall_back(kernel):
     o, lse = flash_attn_cuda(q, k, v, kernel=kernel, causal=True, return_lse=True)
     do = torch.randn_like(q)
     grads = flash_attn_cuda_backward(q, k, v, o, lse, do, causal=True, kernel="mma")
-    flat.zero_()
-    do_mis = flat[1:].view(q.shape)
+    do_mis = torch.empty_like(flat)[1:].view(q.shape)  # a buffer of its own: q_mis stays as it is
     do_mis.copy_(do)
     for args in ((q_mis, k, v, o, lse, do), (q, k, v, o, lse, do_mis)):  # misaligned inputs of the backward
         again = flash_attn_cuda_backward(*args, causal=True, kernel="mma")

@@ -102,15 +102,24 @@ def test_chinese_pages_get_the_same_numbers():
 
 
 def test_host_time_target_reads_forward_and_backward_lines():
-    """The hopper-targets host-time row: every forward and causal-backward line of the launch-overhead record,
-    each over SDPA's FA2 of the same mode ('met' only when none is slower)."""
+    """The hopper-targets host-time row: every forward and causal-backward line of each run of the launch-overhead
+    record, the CUDA rungs and Triton apart, each over SDPA's FA2 of the same mode in the same run ('met' only
+    when none is slower)."""
+    runs = {docs_tables.HOST_TIME_RECORDS[0]: (20.0, 15.0, 40.0, 100.0, 150.0, 90.0),
+            docs_tables.HOST_TIME_RECORDS[1]: (10.0, 9.0, 30.0, 100.0, 95.0, 120.0)}
+
     class Fake:
         def text(self, rel):
-            assert rel == docs_tables.HOST_TIME_RECORD
-            return ("call  host us/call\nsdpa FLASH_ATTENTION (FA2)   20.0\nflash_attn_cuda kernel=mma   50.0\n"
-                    "flash_attn_triton   40.0\nsdpa FLASH_ATTENTION (FA2) backward (causal)   100.0\n"
-                    "flash_attn_cuda kernel=mma backward (causal)   150.0\nflash_attn_triton backward (causal)   90.0\n")
+            fa2, mma, tri, fa2_b, mma_b, tri_b = runs[rel]
+            return (f"call  host us/call\nsdpa FLASH_ATTENTION (FA2)   {fa2}\nflash_attn_cuda kernel=mma   {mma}\n"
+                    f"flash_attn_triton   {tri}\nsdpa FLASH_ATTENTION (FA2) backward (causal)   {fa2_b}\n"
+                    f"flash_attn_cuda kernel=mma backward (causal)   {mma_b}\n"
+                    f"flash_attn_triton backward (causal)   {tri_b}\n")
 
     label, measured, verdict = docs_tables._host_time_target(Fake(), "en")
-    assert measured == "forward 40–50 µs (FA2 20); backward 90–150 µs (FA2 100)"
-    assert verdict == "no: forward 2.00–2.50× FA2's, backward 0.90–1.50×"
+    assert measured == ("forward: CUDA rungs 9–15 µs, Triton 30–40 (FA2 10–20); backward: CUDA rungs 95–150, "
+                        "Triton 90–120 (FA2 100)")
+    assert verdict == ("no: CUDA rungs forward 0.75–0.90× (met); CUDA rungs backward 0.95–1.50× (1 of 2 above); "
+                       "Triton forward 2.00–3.00× (2 of 2 above); Triton backward 0.90–1.20× (1 of 2 above)")
+
+
