@@ -8,6 +8,11 @@
 //
 //   run(plan, [q, k, v])  ->  (O, lse)            (the forward; the backward: [q, k, v, o, lse, dO] -> dQ, dK, dV)
 //
+// A call that needs gradients runs the same plans inside a C++ autograd function (PlannedAttention): the forward's
+// plan, then in the backward, on autograd's device thread and without the GIL, the backward's plan once
+// launch_plans.py has registered one in the call's slot; until then (and with create_graph) the slot's Python
+// callable runs the backward.
+//
 // The plan never checks an input's values or types: Python did, before it registered the plan, and keys it on
 // every property those checks read. What run does check is what the key leaves out: each input contiguous on the
 // plan's device (the current one), and 16 bytes aligned where the plan needs it. Otherwise it returns None and the
@@ -17,8 +22,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -68,7 +76,17 @@ struct Plan {
   std::vector<int> returned;             // which outputs run() returns, in order
 };
 
-std::vector<Plan> g_plans;
+// Plans and slots are added under the GIL and read by backwards on autograd's thread without it: a mutex guards
+// the two tables, and a plan, once added, never changes.
+std::mutex g_mutex;
+std::vector<std::shared_ptr<const Plan>> g_plans;
+
+struct Slot {                            // the backward of one autograd key
+  std::atomic<int64_t> plan{-1};         // its plan, once registered
+  py::object* fallback;                  // (q, k, v, o, lse, dO) -> (dQ, dK, dV) on the Python path (never freed)
+};
+std::vector<std::unique_ptr<Slot>> g_slots;
+
 LaunchFn g_launch = nullptr;
 EncodeFn g_encode = nullptr;
 
@@ -126,25 +144,41 @@ int64_t add_plan(int64_t device, const std::vector<bool>& aligned16, py::list ou
     plan.launches.push_back(std::move(l));
   }
   for (int64_t r : returned) plan.returned.push_back(static_cast<int>(r));
-  g_plans.push_back(std::move(plan));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_plans.push_back(std::make_shared<const Plan>(std::move(plan)));
   return static_cast<int64_t>(g_plans.size()) - 1;
 }
 
-// Run plan `id` on `inputs`: allocate its outputs, launch its kernels on torch's current stream, return the
-// outputs it names (a tuple), or None where the inputs do not fit the plan (the caller goes the Python way).
-py::object run(int64_t id, const std::vector<at::Tensor>& inputs) {
-  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(g_plans.size()), "launch_plans.run: no plan ", id);
-  const Plan& plan = g_plans[id];
-  if (inputs.size() != plan.n_inputs || c10::cuda::current_device() != plan.device) return py::none();
-  std::vector<uint64_t> address;
-  address.reserve(plan.n_inputs + plan.outputs.size());
+std::shared_ptr<const Plan> plan_of(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(g_plans.size()), "launch_plans: no plan ", id);
+  return g_plans[id];
+}
+
+Slot* slot_of(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(g_slots.size()), "launch_plans: no slot ", id);
+  return g_slots[id].get();
+}
+
+// Whether `inputs` fit `plan`: as many as it takes, each contiguous on its device (the current one), 16 bytes
+// aligned where it needs that.
+bool fits(const Plan& plan, const std::vector<at::Tensor>& inputs) {
+  if (inputs.size() != plan.n_inputs || c10::cuda::current_device() != plan.device) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& x = inputs[i];
-    if (!x.is_cuda() || x.get_device() != plan.device || !x.is_contiguous() || x.is_neg()) return py::none();
-    uint64_t a = reinterpret_cast<uint64_t>(x.data_ptr());
-    if (plan.aligned16[i] && a % 16 != 0) return py::none();
-    address.push_back(a);
+    if (!x.defined() || !x.is_cuda() || x.get_device() != plan.device || !x.is_contiguous() || x.is_neg()) return false;
+    if (plan.aligned16[i] && reinterpret_cast<uint64_t>(x.data_ptr()) % 16 != 0) return false;
   }
+  return true;
+}
+
+// Run `plan` on `inputs` (which fit it): allocate its outputs, launch its kernels on torch's current stream, and
+// return the outputs it names. Touches no Python object.
+std::vector<at::Tensor> launch(const Plan& plan, const std::vector<at::Tensor>& inputs) {
+  std::vector<uint64_t> address;
+  address.reserve(plan.n_inputs + plan.outputs.size());
+  for (const at::Tensor& x : inputs) address.push_back(reinterpret_cast<uint64_t>(x.data_ptr()));
   std::vector<at::Tensor> outs;
   outs.reserve(plan.outputs.size());
   for (const Output& o : plan.outputs) {
@@ -178,9 +212,76 @@ py::object run(int64_t id, const std::vector<at::Tensor>& inputs) {
                        params, nullptr);
     TORCH_CHECK(err == 0, "launch_plans.run: cuLaunchKernel failed with CUresult ", err);
   }
-  py::tuple result(plan.returned.size());
-  for (size_t i = 0; i < plan.returned.size(); ++i) result[i] = py::cast(outs[plan.returned[i]]);
+  std::vector<at::Tensor> result;
+  for (int r : plan.returned) result.push_back(outs[r]);
   return result;
+}
+
+// Run plan `id` on `inputs` -> a tuple of the outputs it names, or None where the inputs do not fit it (the caller
+// goes the Python way).
+py::object run(int64_t id, const std::vector<at::Tensor>& inputs) {
+  auto plan = plan_of(id);
+  if (!fits(*plan, inputs)) return py::none();
+  auto out = launch(*plan, inputs);
+  py::tuple result(out.size());
+  for (size_t i = 0; i < out.size(); ++i) result[i] = py::cast(out[i]);
+  return result;
+}
+
+int64_t add_slot(py::object fallback) {
+  auto slot = std::make_unique<Slot>();
+  slot->fallback = new py::object(std::move(fallback));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_slots.push_back(std::move(slot));
+  return static_cast<int64_t>(g_slots.size()) - 1;
+}
+
+void set_slot(int64_t id, int64_t plan) { slot_of(id)->plan.store(plan); }
+
+// O, lse = attention(q, k, v) through the forward's plan, differentiable: the backward runs the slot's plan, or
+// (none yet, create_graph, inputs that do not fit) the slot's Python callable.
+struct PlannedAttention : public torch::autograd::Function<PlannedAttention> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, int64_t plan,
+                                                int64_t slot) {
+    auto out = launch(*plan_of(plan), {q, k, v});  // O, lse
+    ctx->save_for_backward({q, k, v, out[0], out[1]});
+    ctx->saved_data["slot"] = slot;
+    ctx->mark_non_differentiable({out[1]});
+    ctx->set_materialize_grads(false);
+    return {out[0], out[1]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor q = saved[0], k = saved[1], v = saved[2], o = saved[3], lse = saved[4];
+    at::Tensor d_o = grads[0];
+    if (!d_o.defined()) d_o = at::zeros_like(o);  // O was not used by the loss
+    if (d_o.scalar_type() != q.scalar_type()) d_o = d_o.to(q.scalar_type());
+    d_o = d_o.contiguous();  // e.g. the expanded ones of loss = O.sum()
+    Slot* slot = slot_of(ctx->saved_data["slot"].toInt());
+    std::vector<at::Tensor> inputs{q, k, v, o, lse, d_o};
+    int64_t id = slot->plan.load();
+    if (id >= 0 && !at::GradMode::is_enabled()) {
+      auto plan = plan_of(id);
+      if (fits(*plan, inputs)) {
+        auto g = launch(*plan, inputs);
+        return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
+      }
+    }
+    py::gil_scoped_acquire gil;
+    py::tuple g = (*slot->fallback)(q, k, v, o, lse, d_o);
+    return {g[0].cast<at::Tensor>(), g[1].cast<at::Tensor>(), g[2].cast<at::Tensor>(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The forward of a call that needs gradients -> (O, lse) with PlannedAttention as O's grad_fn, or None where the
+// inputs do not fit the plan.
+py::object run_autograd(int64_t plan, int64_t slot, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!fits(*plan_of(plan), {q, k, v})) return py::none();
+  auto out = PlannedAttention::apply(q, k, v, plan, slot);
+  return py::make_tuple(out[0], out[1]);
 }
 
 }  // namespace
@@ -190,5 +291,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_driver", &set_driver, "the addresses of cuLaunchKernel and cuTensorMapEncodeTiled");
   m.def("add_plan", &add_plan, "register a launch plan; returns its id");
   m.def("run", &run, "run a plan on its inputs -> its outputs, or None where they do not fit it");
+  m.def("add_slot", &add_slot, "a backward slot with its Python fallback; returns its id");
+  m.def("set_slot", &set_slot, "the backward plan of a slot");
+  m.def("run_autograd", &run_autograd, "the forward plan as a differentiable call -> (O, lse), or None");
   m.def("count", [] { return g_plans.size(); }, "how many plans are registered");
 }

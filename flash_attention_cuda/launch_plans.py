@@ -12,8 +12,12 @@ C++ call that allocates, encodes the tensor maps, launches on torch's current st
     flash_attn_cuda(q, k, v, ...)        later calls: FORWARD[key] -> run(plan, [q, k, v]) -> (O, lse)
 
 Three lookups use it, each keyed on everything the code it skips would read:
-* ``PUBLIC``: flash_attn_cuda's own arguments, their types included (``public_forward_key``): a call that needs no
-  gradient skips the checks too. A call the checks would refuse has a key of its own, so it never finds a plan.
+* ``PUBLIC``: flash_attn_cuda's own arguments, their types included, and whether the call needs a gradient
+  (``public_forward_key``): such a call skips the checks too. A call the checks would refuse has a key of its own,
+  so it never finds a plan. A call that needs a gradient runs in a C++ autograd function (``run_public``): the
+  forward's plan, and in the backward the backward's plan, registered in the call's slot by the first backward
+  that runs on the Python path (``add_slot``), so from the third step on a training step's attention has no
+  Python in it but the public call.
 * ``FORWARD``: run_forward's checked arguments (``forward_key``): the autograd and ``torch.compile`` paths.
 * ``BACKWARD``: run_backward's (``backward_key``): the backward's four allocations and three or four launches.
 What a key leaves out, ``run`` checks in C++: every input contiguous, on the plan's device (the current one),
@@ -37,17 +41,18 @@ import numpy as np
 from . import runtime
 
 __all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_key", "describe", "remember", "run",
-           "PUBLIC", "FORWARD", "BACKWARD", "clear"]
+           "run_public", "add_slot", "PUBLIC", "FORWARD", "BACKWARD", "LAST", "clear"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
 ENABLED = os.environ.get("FA_CUDA_LAUNCH_PLANS", "1") != "0"
 PLANS_MAX = 4096  # keys kept per table; a fuller table is cleared (the C++ plans stay: a few hundred bytes each)
-PUBLIC: dict = {}  # public_forward_key -> plan id
+PUBLIC: dict = {}  # public_forward_key -> plan id, or (forward plan id, backward slot id) for a differentiable call
 FORWARD: dict = {}  # forward_key -> plan id
 BACKWARD: dict = {}  # backward_key -> plan id
 _EXT = None  # the built extension; False where it is off or cannot be built here
 _LOCK = threading.Lock()
 _Tensor = None  # torch.Tensor, once torch is imported
+LAST = threading.local()  # .backward: the plan run_backward ran or registered on this thread's last call, or None
 
 
 def module():
@@ -100,21 +105,21 @@ def _plain_tensors(*xs) -> bool:
 
 def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, dropout_seed):
     """flash_attn_cuda's key, or None where no plan may answer the call: plans off, not three plain torch tensors,
-    dropout, a ``torch.compile`` trace, a call that needs a gradient, or an argument whose check reads more than
-    the key (|softmax_scale| > 1 reads the data; a window that is not a tuple). Types are part of the key, so
-    ``causal=1`` never finds the plan of ``causal=True`` (the checks refuse the first)."""
+    dropout, a ``torch.compile`` trace, or an argument whose check reads more than the key (|softmax_scale| > 1
+    reads the data; a window that is not a tuple). Types are part of the key, so ``causal=1`` never finds the
+    plan of ``causal=True`` (the checks refuse the first). Its last entry: whether the call needs a gradient."""
     if not (enabled() and _plain_tensors(q, k, v)) or dropout_seed is not None or type(window_size) is not tuple:
         return None
     torch = sys.modules["torch"]
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                      or v.requires_grad)):
+    if torch.compiler.is_compiling():
         return None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if softmax_scale is not None and not (type(softmax_scale) in (int, float) and abs(softmax_scale) <= 1.0):
         return None
     key = (type(causal), causal, type(softmax_scale), softmax_scale, type(kernel), kernel, type(return_lse),
            return_lse, tuple(type(w) for w in window_size), window_size, type(dropout_p), dropout_p,
            q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-           v.shape, v.stride(), v.dtype, v.device)
+           v.shape, v.stride(), v.dtype, v.device, grad)
     try:
         hash(key)
     except TypeError:
@@ -139,6 +144,34 @@ def backward_key(q, k, window, scale: float, kernel: str, config, dropout):
 def run(plan: int, inputs: list):
     """Run plan ``plan`` on ``inputs`` -> a tuple of its outputs, or None where they do not fit it."""
     return _EXT.run(plan, inputs)
+
+
+def run_public(hit, q, k, v):
+    """(O, lse) of a call whose public key found ``hit`` (a PUBLIC entry), or None where q, k, v do not fit it."""
+    if type(hit) is int:
+        return _EXT.run(hit, [q, k, v])
+    return _EXT.run_autograd(hit[0], hit[1], q, k, v)
+
+
+def add_slot(python_backward) -> int:
+    """A backward slot for a differentiable public key. Until the slot holds a plan (and whenever the backward
+    records a graph, or its inputs do not fit), the C++ backward calls ``python_backward(q, k, v, o, lse, dO)``
+    -> (dQ, dK, dV) with the GIL; the first such call that runs a planned backward (``LAST.backward``) puts that
+    plan in the slot."""
+    import torch
+
+    slot = None
+
+    def fallback(q, k, v, o, lse, do):
+        LAST.backward = None
+        grads = python_backward(q, k, v, o, lse, do)
+        plan = getattr(LAST, "backward", None)
+        if plan is not None and not torch.is_grad_enabled():
+            _EXT.set_slot(slot, plan)
+        return tuple(g.contiguous() for g in grads)
+
+    slot = _EXT.add_slot(fallback)
+    return slot
 
 
 def describe(specs, inputs: dict, outputs: tuple, at: dict, function_of) -> tuple:

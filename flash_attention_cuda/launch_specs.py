@@ -803,11 +803,13 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     What to launch is :func:`backward_plan`'s, once per distinct call; a call allocates dQ, dK, dV and one float32
     scratch buffer, and launches."""
     plan_key = launch_plans.backward_key(q, k, window, scale, kernel, config, dropout)
+    launch_plans.LAST.backward = None
     if plan_key is not None:
         hit = launch_plans.BACKWARD.get(plan_key)
         if hit is not None:
             out = launch_plans.run(hit, [q, k, v, o, lse, do])
             if out is not None:
+                launch_plans.LAST.backward = hit
                 return out
     plan = backward_plan(kernel, dtype_name(q), tuple(q.shape), tuple(k.shape), runtime.device_cc(q),
                          tuple(window), float(scale), tuple(dropout), config)
@@ -843,7 +845,8 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         dq, dk, dv = (runtime.convert(g, plan.out_dtype) for g in (dq, dk, dv))
     elif plan_key is not None and plan.scratch and stream.handle is not None \
             and all(a is b and runtime.ptr(a) % 16 == 0 for a, b in zip(given, (q, k, v, o, lse, do))):
-        launch_plans.remember(launch_plans.BACKWARD, plan_key, plan.specs, dict(Q=q, K=k, V=v, O=o, LSE=lse, dO=do),
-                              (("dQ", dq), ("dK", dk), ("dV", dv), ("scratch", scratch)),
-                              {name: ("scratch", 4 * offset) for name, offset in plan.scratch}, ("dQ", "dK", "dV"))
+        launch_plans.LAST.backward = launch_plans.remember(
+            launch_plans.BACKWARD, plan_key, plan.specs, dict(Q=q, K=k, V=v, O=o, LSE=lse, dO=do),
+            (("dQ", dq), ("dK", dk), ("dV", dv), ("scratch", scratch)),
+            {name: ("scratch", 4 * offset) for name, offset in plan.scratch}, ("dQ", "dK", "dV"))
     return dq, dk, dv

@@ -83,9 +83,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
     public_key = launch_plans.public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size,
                                                  dropout_p, dropout_seed)
     if public_key is not None:
-        plan = launch_plans.PUBLIC.get(public_key)
-        if plan is not None:
-            out = launch_plans.run(plan, [q, k, v])
+        hit = launch_plans.PUBLIC.get(public_key)
+        if hit is not None:
+            out = launch_plans.run_public(hit, q, k, v)
             if out is not None:
                 return out if return_lse else out[0]
     q, k, v, scale, kernel, window, dropout = check_forward_cached(  # the checks, once per distinct call
@@ -99,9 +99,14 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
             # gradient skip the op's dispatch (~30 us). Imported here, not at the top: library_ops imports
             # torch and registers the ops, and this package must import without torch (CuPy arrays, and the
             # registry reading capabilities.py).
-            from .library_ops import forward_op
+            from .library_ops import forward_op, python_backward
 
             o, lse = forward_op(q, k, v, causal, scale, kernel, window, dropout, fn=FN)
+            if public_key is not None:  # the next such call: the C++ autograd function, on this call's plans
+                plan = launch_plans.FORWARD.get(launch_plans.forward_key(q, k, window, scale, kernel, None, dropout))
+                if plan is not None:
+                    launch_plans.PUBLIC[public_key] = (plan, launch_plans.add_slot(
+                        python_backward(causal, scale, kernel, window)))
             return (o, lse) if return_lse else o
     o, lse = launch_specs.run_forward(q, k, v, window, scale, kernel, dropout=dropout)
     if public_key is not None:  # run_forward planned this call: the next with the same arguments skips the checks

@@ -57,6 +57,23 @@ cuda_fwd, cuda_bwd = attention_ops("cuda", public="flash_attn_cuda", forward=_fw
                                    backward_extra_of=lambda kernel: (BACKWARD_OF[kernel],))
 
 
+def python_backward(causal: bool, scale: float, kernel: str, window: tuple):
+    """(q, k, v, o, lse, dO) -> (dQ, dK, dV): the backward of forward_op(q, k, v, causal, scale, kernel, window,
+    no dropout) on the Python path, for a C++ launch plan's autograd function until its backward has a plan of its
+    own (launch_plans.add_slot). Under create_graph=True it is the backward op, whose own backward raises, as the
+    eager path's is."""
+    import torch
+
+    bwd_kernel = BACKWARD_OF[kernel]
+
+    def backward(q, k, v, o, lse, do):
+        if torch.is_grad_enabled():
+            return cuda_bwd(q, k, v, o, lse, do, causal, scale, window[0], window[1], 0.0, 0, 0, bwd_kernel)
+        return _bwd(q, k, v, o, lse, do, causal, scale, window[0], window[1], bwd_kernel=bwd_kernel)
+
+    return backward
+
+
 def forward_op(q, k, v, causal: bool, scale: float, kernel: str, window: tuple, dropout: tuple, *, fn: str):
     """cuda_fwd on checked inputs (window resolved, dropout = (p, seed or None)) -> (o, lse).
 

@@ -69,9 +69,9 @@ def test_description_names_every_parameter(make):
 
 
 def test_public_keys_keep_refused_calls_apart(monkeypatch):
-    """public_forward_key: argument types are part of the key (causal=1 is not causal=True), so is every stride;
-    no key where a plan may not answer: dropout, a window that is not a tuple, a gradient needed, |scale| > 1,
-    not plain torch tensors."""
+    """public_forward_key: argument types are part of the key (causal=1 is not causal=True), so is every stride,
+    and whether the call needs a gradient; no key where a plan may not answer: dropout, a window that is not a
+    tuple, |scale| > 1, not plain torch tensors."""
     monkeypatch.setattr(launch_plans, "ENABLED", True)
     monkeypatch.setattr(launch_plans, "_EXT", None)  # not yet built: keys are made (no plan is ever found here)
     q = torch.randn(1, 2, 8, 64)
@@ -89,10 +89,9 @@ def test_public_keys_keep_refused_calls_apart(monkeypatch):
     for refused in (dict(dropout_seed=3), dict(window_size=[-1, -1]), dict(softmax_scale=2.0),
                     dict(softmax_scale=np.float32(0.1))):
         assert key(**refused) is None, refused
-    assert key(x=q.requires_grad_()) is None
-    q.requires_grad_(False)
+    assert key()[-1] is False and key(x=q.clone().requires_grad_())[-1] is True  # a gradient: a key of its own
     with torch.no_grad():
-        assert key(x=q.clone().requires_grad_()) is not None  # no gradient under no_grad
+        assert key(x=q.clone().requires_grad_()) == key()  # no gradient under no_grad
     assert launch_plans.public_forward_key(q.numpy(), q, q, *base.values()) is None
 
 
@@ -175,30 +174,54 @@ def test_repeated_forward_runs_its_plan(kernel, case, monkeypatch):
 @gpu
 @pytest.mark.parametrize("kernel", ["mma", pytest.param("wgmma", marks=hopper), pytest.param("wgmma-ws", marks=hopper)])
 def test_repeated_backward_runs_its_plan(kernel, monkeypatch):
-    """Through autograd: the forward (FORWARD, the checked arguments' key) and the backward (BACKWARD) run their
-    plans on the second step, and give the Python path's results: O, dK and dV bit for bit; dQ to float32
-    rounding where the backward sums it with atomic adds (wgmma-ws, 'auto' on a Hopper), else bit for bit."""
+    """Through autograd, three steps of one shape: the first runs the Python path (the eager autograd.Function)
+    and registers the forward's and the backward's plans; from the second the call is the C++ autograd function
+    on the forward's plan, whose backward runs on the Python path once more (it finds the backward's plan and
+    puts it in the call's slot); the third has no Python launch and no Python backward at all. The results are
+    the Python path's: O, dK and dV bit for bit, dQ to float32 rounding where the backward sums it with atomic
+    adds (wgmma-ws, 'auto' on a Hopper). loss = O.sum() (an expanded gradient) and lse's output work too."""
+    from flash_attention_cuda import library_ops
+
     Hq, Hk, Nq, Nk, D, dtype, kw = CASES[1]
     q, k, v, do = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
 
-    def step():
+    def step(loss=lambda o: (o * do).sum()):
         x = [t.clone().requires_grad_() for t in (q, k, v)]
-        o = flash_attn_cuda(*x, kernel=kernel, **kw)
-        o.backward(do)
-        return [o.detach()] + [t.grad for t in x]
+        o, lse = flash_attn_cuda(*x, kernel=kernel, return_lse=True, **kw)
+        loss(o).backward()
+        return [o.detach(), lse] + [t.grad for t in x]
 
     step()
     assert launch_plans.FORWARD and launch_plans.BACKWARD, "the first step registered no plan"
+    assert any(type(hit) is tuple for hit in launch_plans.PUBLIC.values())
     with monkeypatch.context() as m:
         _no_python_launch(m)
+        step()
+        m.setattr(library_ops, "_bwd", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("Python backward")))
         planned = step()
+        summed = step(lambda o: o.float().sum())
     launch_plans.clear()
     again = step()
-    for name, a, b in zip(("o", "dq", "dk", "dv"), planned, again):
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), planned, again):
         if name == "dq":
             assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item() + 1e-3
         else:
             assert torch.equal(a, b), name
+    assert all(torch.isfinite(g).all() for g in summed[2:])
+
+
+@gpu
+def test_planned_call_refuses_a_second_derivative():
+    """create_graph=True through the C++ autograd function: the first derivative is the backward op's, whose own
+    backward raises the same error as the eager path's."""
+    q, k, v, _ = _qkv(1, 2, 2, 64, 64, 64, "float16")
+    for _ in range(3):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = flash_attn_cuda(*x, causal=True)
+        grads = torch.autograd.grad(o.float().square().sum(), x, create_graph=True)
+    assert any(type(hit) is tuple for hit in launch_plans.PUBLIC.values())
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        grads[0].float().sum().backward()
 
 
 @gpu
