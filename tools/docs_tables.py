@@ -525,9 +525,9 @@ def _head_dim_target(lang):
               "每个 CUDA tensor core 内核为 head 维度 32、64、96、128 和 256 编译，其余补零"), measured, verdict]
 
 
-# the launch-overhead preset's latest record (9605c26, C++ launch plans): two runs with plans, each read against
-# SDPA's FA2 of the same run (the machine's host was not steady between runs)
-HOST_TIME_RECORDS = ("cuda/launch_overhead_plans/run1_plans.txt", "cuda/launch_overhead_plans/run3_plans.txt")
+# the launch-overhead preset's latest record (c9b9f35, C++ launch plans and their autograd function): six runs with
+# plans, each read against SDPA's FA2 of the same run (the machine's host was not steady between runs)
+HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_autograd_plans/run{i}_plans.txt" for i in (1, 3, 4, 5, 6, 7))
 
 
 def _host_time_target(R, lang):
