@@ -8,16 +8,21 @@ shapes and dtypes and, per launch, the kernel, grid, block, shared memory and wh
 (an input, an output at an offset, a tensor map of one, or a constant). Every later call with that key is one
 C++ call that allocates, encodes the tensor maps, launches on torch's current stream and returns:
 
-    flash_attn_cuda(q, k, v, ...)        first call: checks, run_forward, plan registered under its key
-    flash_attn_cuda(q, k, v, ...)        later calls: FORWARD[key] -> run(plan, [q, k, v]) -> (O, lse)
+    flash_attn_cuda(q, k, v, ...)        first call of a key: checks, run_forward (the key is noted)
+    flash_attn_cuda(q, k, v, ...)        second call: the same, and the plan registered under its key
+    flash_attn_cuda(q, k, v, ...)        later calls: PUBLIC[key] -> run(plan, [q, k, v]) -> (O, lse)
+
+(A key is planned on its second call: a shape met once, such as a new length at each decoding step, costs
+neither a plan nor, if no key repeats, the extension's build. Each plan, a few hundred bytes, stays for the
+process.)
 
 Three lookups use it, each keyed on everything the code it skips would read:
 * ``PUBLIC``: flash_attn_cuda's own arguments, their types included, and whether the call needs a gradient
   (``public_forward_key``): such a call skips the checks too. A call the checks would refuse has a key of its own,
   so it never finds a plan. A call that needs a gradient runs in a C++ autograd function (``run_public``): the
   forward's plan, and in the backward the backward's plan, registered in the call's slot by the first backward
-  that runs on the Python path (``add_slot``), so from the third step on a training step's attention has no
-  Python in it but the public call.
+  that runs on the Python path (``add_slot``), so from the fourth step of a shape on a training step's attention
+  runs no Python of ours but the public call's key.
 * ``FORWARD``: run_forward's checked arguments (``forward_key``): the autograd and ``torch.compile`` paths.
 * ``BACKWARD``: run_backward's (``backward_key``): the backward's four allocations and three or four launches.
 What a key leaves out, ``run`` checks in C++: every input contiguous, on the plan's device (the current one),
@@ -46,6 +51,7 @@ __all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_k
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
 ENABLED = os.environ.get("FA_CUDA_LAUNCH_PLANS", "1") != "0"
 PLANS_MAX = 4096  # keys kept per table; a fuller table is cleared (the C++ plans stay: a few hundred bytes each)
+SEEN: dict = {}  # keys of run_forward and run_backward seen once: a key is planned on its second Python-path call
 PUBLIC: dict = {}  # public_forward_key -> plan id, or (forward plan id, backward slot id) for a differentiable call
 FORWARD: dict = {}  # forward_key -> plan id
 BACKWARD: dict = {}  # backward_key -> plan id
@@ -208,9 +214,18 @@ def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, re
     """Register the plan of a call that just ran ``specs`` on the Python path under ``key`` in ``table``.
 
     inputs: name -> the call's tensor, in ``run``'s order; outputs: ((name, tensor), ...) the call allocated;
-    at and returned (output names ``run`` returns): as ``describe``. Nothing is registered where the extension
-    is off or cannot be built. Returns the plan id, or None."""
-    if key is None or not module():
+    at and returned (output names ``run`` returns): as ``describe``. A key is planned on its second call, so a
+    shape met once (a new length each decoding step, a test's one case) costs neither a plan nor the build.
+    Nothing is registered where the extension is off or cannot be built. Returns the plan id, or None."""
+    if key is None:
+        return None
+    seen_key = (id(table), key)
+    if seen_key not in SEEN:
+        if len(SEEN) >= PLANS_MAX:
+            SEEN.clear()
+        SEEN[seen_key] = True
+        return None
+    if not module():
         return None
     device = next(iter(inputs.values())).device.index
     out = tuple((name, tuple(x.shape), x.dtype) for name, x in outputs)
@@ -226,6 +241,7 @@ def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, re
 
 def clear() -> None:
     """Forget every key (the C++ plans stay registered, unused): tests start from the Python path."""
+    SEEN.clear()
     PUBLIC.clear()
     FORWARD.clear()
     BACKWARD.clear()
