@@ -2,7 +2,7 @@
 
 A call of ``flash_attn_cuda`` on the Python path costs 50-80 us of host time (docs/performance.md, *Host time*):
 the checks, two ``torch.empty``, the stream lookup, the parameters packed for ``cuLaunchKernel``. At N = 1024 a
-kernel runs about that long, so the host decides. Here the first call of a key (shapes, dtypes, device and every
+kernel runs about that long, so the host decides. Here the second call of a key (shapes, dtypes, device and every
 argument) runs the Python path and then registers what it did as a plan in a small C++ extension: the outputs'
 shapes and dtypes and, per launch, the kernel, grid, block, shared memory and where each parameter comes from
 (an input, an output at an offset, a tensor map of one, or a constant). Every later call with that key is one
@@ -29,7 +29,7 @@ What a key leaves out, ``run`` checks in C++: every input contiguous, on the pla
 16-byte aligned; otherwise it returns None and the caller takes the Python path. Dropout (whose seed is a kernel
 argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are never planned.
 
-The extension is built with ``torch.utils.cpp_extension`` on the first planned call on a GPU (about 30 s, once per
+The extension is built with ``torch.utils.cpp_extension`` at the first plan registered on a GPU (about 30 s, once per
 machine; torch caches the build). ``FA_CUDA_LAUNCH_PLANS=0`` turns plans off; a build that fails warns once and
 leaves every call on the Python path, which gives the same results bit for bit.
 """
