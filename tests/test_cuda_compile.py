@@ -3,7 +3,8 @@
 ``-cubin`` runs ptxas, which checks the inline PTX (mma.sync, ldmatrix, cp.async); ``-ptx`` alone
 would not. Each .cu ends with explicit instantiations (under ``#ifndef __CUDACC_RTC__``) of the
 templates the launcher uses, so nvcc compiles exactly what NVRTC compiles at run time.
-No GPU needed; skips (with the reason) only where nvcc is absent.
+No GPU needed; skips (with the reason) only where nvcc is absent. The C++ launch plans
+(``launch_plans.cpp``) are checked too, with the host compiler against torch's headers.
 """
 import os
 import re
@@ -119,3 +120,35 @@ def test_read_source_inlines_headers_once():
         with open(os.path.join(launcher.KERNEL_DIR, header)) as f:
             first_line = f.readline()  # "// <name> -- ...": each header's text once
         assert text.count(first_line) == 1, header
+
+
+@pytest.mark.slow  # about 35 s on 2 cores: torch's extension headers
+def test_launch_plans_cpp_compiles(tmp_path):
+    """flash_attention_cuda/launch_plans.cpp (the C++ launch plans, built with torch.utils.cpp_extension on a GPU
+    machine) compiles against this machine's torch headers, with no warning of its own. A CPU build of torch ships
+    every c10/cuda header but the one CMake generates, c10/cuda/impl/cuda_cmake_macros.h: an empty one stands in
+    (it only sets build macros). Warnings inside torch's headers are theirs, not ours. Needs a C++ compiler and the
+    CUDA headers (cuda_runtime_api.h)."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    cuda_include = next((d for d in (os.path.join(os.path.dirname(os.path.dirname(NVCC)), "include") if NVCC else "",
+                                     "/usr/local/cuda/include") if d and os.path.exists(os.path.join(d, "cuda_runtime_api.h"))),
+                        None)
+    if cxx is None or cuda_include is None:
+        pytest.skip(f"needs a C++ compiler ({cxx or 'none found'}) and the CUDA headers ({cuda_include or 'none found'})")
+    stub = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#pragma once\n")
+    source = os.path.join(os.path.dirname(launcher.KERNEL_DIR), "launch_plans.cpp")
+    # the flags torch.utils.cpp_extension compiles an extension with, checking syntax only
+    cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-DTORCH_EXTENSION_NAME=fa_ladder_launch_plans",
+           "-DTORCH_API_INCLUDE_EXTENSION_H", f"-I{tmp_path}", *[f"-isystem{d}" for d in cpp_extension.include_paths()],
+           f"-isystem{sysconfig.get_paths()['include']}", f"-isystem{cuda_include}", source]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    text = (res.stdout + res.stderr).strip()
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{text}"
+    own = [ln for ln in text.splitlines() if ln.startswith(source) and "warning" in ln]
+    assert not own, "warnings in launch_plans.cpp:\n" + "\n".join(own)
