@@ -15,7 +15,10 @@ times, per call and with ``time.perf_counter`` over ``--calls`` calls after a wa
 * SDPA's FlashAttention-2 forward, forward + backward and backward alone, for scale, and the backward of a
   Python ``torch.autograd.Function`` that does nothing (what autograd costs any Python backward);
 * the CUDA-rung lines again with every launch through CuPy (``runtime.DRIVER_LAUNCH = False``) instead of the
-  driver's ``cuLaunchKernel``, to show what the direct launch saves.
+  driver's ``cuLaunchKernel``, to show what the direct launch saves;
+* the first lines run the C++ launch plans wherever a call repeats (``flash_attention_cuda/launch_plans.py``:
+  the forward, and the forward + backward); they come again with the plans off (``launch_plans.ENABLED =
+  False``, as ``FA_CUDA_LAUNCH_PLANS=0``), every call on the Python path whose pieces the lines above time.
 
 It then times the forward (with grad) and the kept graph's backward alone and alternating, with the time spent
 inside ``launch_specs.run_forward`` and ``run_backward``: autograd runs our backward (Python) on its CUDA device
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
             f.write(text + "\n")
         print(text)
         return 0
-    from flash_attention_cuda import flash_attn_cuda, launch_specs, runtime
+    from flash_attention_cuda import flash_attn_cuda, launch_plans, launch_specs, runtime
     from flash_attention_cuda.checks import check_forward_cached
     from flash_attention_py.inputs import make_inputs
 
@@ -281,6 +284,11 @@ def main(argv=None) -> int:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
     lines += threads_section(qg, kg, vg, do, bwd_kept, n, sync, args.kernel)
+    launch_plans.ENABLED = False
+    lines.append("the Python path (C++ launch plans off, launch_plans.ENABLED = False):")
+    for name, fn in (timed[0], timed[5], timed[6], timed[7]):
+        lines.append(f"{name:<64} {per_call_us(fn, n, sync):8.1f}")
+    launch_plans.ENABLED = True
     runtime.DRIVER_LAUNCH = False
     lines.append("launches through CuPy (runtime.DRIVER_LAUNCH = False):")
     for name, fn in (timed[0], timed[4], timed[5], timed[6], timed[7], timed[10]):
