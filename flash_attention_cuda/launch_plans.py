@@ -41,8 +41,6 @@ import sys
 import threading
 import warnings
 
-import numpy as np
-
 from . import runtime
 
 __all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_key", "describe", "remember", "run",
@@ -197,16 +195,14 @@ def describe(specs, inputs: dict, outputs: tuple, at: dict, function_of) -> tupl
 
     launches = []
     for spec in specs:
-        grid = tuple(spec.grid) + (1,) * (3 - len(spec.grid))
-        block = tuple(spec.block) + (1,) * (3 - len(spec.block))
+        packed = runtime.Packed(spec)  # the Python driver launch's parameters: the same dims and C scalar values
         maps = []
         for _, name, rows in spec.maps:
             dims, strides, box = runtime.tensor_map_layout(shapes[name], rows)
             maps.append((where(name)[0], list(dims), list(strides), list(box), runtime._TMA_SWIZZLE[box[0]]))
         buffers = [where(name) for name in spec.buffers]
-        scalars = [np.asarray(value).tobytes() for value in spec.scalar_values]
-        launches.append((int(function_of(spec)), [int(d) for d in grid + block], int(spec.smem), maps, buffers,
-                         scalars))
+        launches.append((int(function_of(spec)), list(packed.dims), int(spec.smem), maps, buffers,
+                         [bytes(value) for value in packed.scalars]))
     return [(list(shape), dtype) for _, shape, dtype in outputs], launches
 
 

@@ -68,6 +68,18 @@ def test_description_names_every_parameter(make):
     assert all(len(b) in (4, 8) for b in scalars)
 
 
+def test_cpp_tensor_map_constants_are_the_runtime_ones():
+    """launch_plans.cpp encodes tensor maps with cuda.h's enums as constants; they are runtime.py's, the one
+    place the Python launch reads them from (data type, interleave, L2 promotion, out-of-bounds fill)."""
+    import re
+
+    text = open(launch_plans.SOURCE).read()
+    found = dict(re.findall(r"k(TmaUint16|TmaInterleaveNone|TmaL2_256B|TmaOobZero) = (\d+)", text))
+    assert {k: int(v) for k, v in found.items()} == {
+        "TmaUint16": runtime._TMA_UINT16, "TmaInterleaveNone": runtime._TMA_INTERLEAVE_NONE,
+        "TmaL2_256B": runtime._TMA_L2_256B, "TmaOobZero": runtime._TMA_OOB_ZERO}
+
+
 def test_public_keys_keep_refused_calls_apart(monkeypatch):
     """public_forward_key: argument types are part of the key (causal=1 is not causal=True), so is every stride,
     and whether the call needs a gradient; no key where a plan may not answer: dropout, a window that is not a
