@@ -44,7 +44,7 @@ import warnings
 from . import runtime
 
 __all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_key", "describe", "remember", "run",
-           "run_public", "add_slot", "PUBLIC", "FORWARD", "BACKWARD", "LAST", "clear"]
+           "run_public", "remember_public", "add_slot", "PUBLIC", "FORWARD", "BACKWARD", "LAST", "clear"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
 ENABLED = os.environ.get("FA_CUDA_LAUNCH_PLANS", "1") != "0"
@@ -155,6 +155,13 @@ def run_public(hit, q, k, v):
     if type(hit) is int:
         return _EXT.run(hit, [q, k, v])
     return _EXT.run_autograd(hit[0], hit[1], q, k, v)
+
+
+def remember_public(key, hit) -> None:
+    """PUBLIC[key] = hit (a plan id, or (plan id, slot id)); a full table is cleared first, as remember's are."""
+    if len(PUBLIC) >= PLANS_MAX:
+        PUBLIC.clear()
+    PUBLIC[key] = hit
 
 
 def add_slot(python_backward) -> int:

@@ -78,8 +78,9 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
     the kernels run as the custom ops ``torch.ops.fa_ladder.cuda_fwd`` / ``cuda_bwd`` (``library_ops.py``), so
     ``torch.compile(fullgraph=True)`` compiles a model that calls this with no graph break.
     """
-    # a call whose key (every argument, its type, and q, k, v's shapes, strides, dtypes and devices) ran before
-    # without needing a gradient: that call's C++ launch plan, checks included in the key (launch_plans.py)
+    # a call whose key (every argument, its type, q, k, v's shapes, strides, dtypes and devices, and whether it needs
+    # a gradient) ran before: that call's C++ launch plan, or with a gradient the C++ autograd function on its plans;
+    # the checks are in the key (launch_plans.py)
     public_key = launch_plans.public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size,
                                                  dropout_p, dropout_seed)
     if public_key is not None:
@@ -102,17 +103,20 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
             from .library_ops import forward_op, python_backward
 
             o, lse = forward_op(q, k, v, causal, scale, kernel, window, dropout, fn=FN)
-            if public_key is not None:  # the next such call: the C++ autograd function, on this call's plans
+            if public_key is not None and public_key not in launch_plans.PUBLIC:  # the next such call: the C++
+                # autograd function on this call's plans (a key already there is one whose inputs did not fit it:
+                # no second slot)
                 plan = launch_plans.FORWARD.get(launch_plans.forward_key(q, k, window, scale, kernel, None, dropout))
                 if plan is not None:
-                    launch_plans.PUBLIC[public_key] = (plan, launch_plans.add_slot(
-                        python_backward(causal, scale, kernel, window)))
+                    launch_plans.remember_public(public_key, (plan, launch_plans.add_slot(
+                        python_backward(causal, scale, kernel, window))))
             return (o, lse) if return_lse else o
     o, lse = launch_specs.run_forward(q, k, v, window, scale, kernel, dropout=dropout)
-    if public_key is not None:  # run_forward planned this call: the next with the same arguments skips the checks
+    if public_key is not None and public_key not in launch_plans.PUBLIC:  # run_forward planned this call: the
+        # next with the same arguments skips the checks
         plan = launch_plans.FORWARD.get(launch_plans.forward_key(q, k, window, scale, kernel, None, dropout))
         if plan is not None:
-            launch_plans.PUBLIC[public_key] = plan
+            launch_plans.remember_public(public_key, plan)
     return (o, lse) if return_lse else o
 
 

@@ -115,6 +115,15 @@ def test_clear_caches_forgets_plans():
     assert not (launch_plans.FORWARD or launch_plans.BACKWARD or launch_plans.PUBLIC)
 
 
+def test_public_table_is_bounded(monkeypatch):
+    """remember_public clears a full PUBLIC table first (PLANS_MAX keys), as remember does its tables: a workload
+    of ever-new shapes keeps a bounded table."""
+    monkeypatch.setattr(launch_plans, "PLANS_MAX", 3)
+    for i in range(7):
+        launch_plans.remember_public(("key", i), i)
+        assert len(launch_plans.PUBLIC) <= 3 and launch_plans.PUBLIC[("key", i)] == i
+
+
 def test_a_failed_build_warns_and_leaves_the_python_path(monkeypatch):
     """Where the extension cannot be built (no compiler, no CUDA headers), module() warns once, naming the cause
     and the switch that skips the attempt, and returns False; plans are then off for the process."""
