@@ -70,6 +70,7 @@ struct Output {
 struct Plan {
   int device;
   size_t n_inputs;
+  std::vector<std::vector<int64_t>> input_shapes;  // per input: the shape the plan was made for
   std::vector<uint8_t> aligned16;        // per input: its address must be a multiple of 16 bytes
   std::vector<Output> outputs;
   std::vector<Launch> launches;
@@ -99,13 +100,17 @@ void set_driver(int64_t launch, int64_t encode) {
 }
 
 // A plan from launch_plans.py's description; returns its id.
-//   outputs: [(shape, dtype), ...]; launches: [(function, dims6, smem, maps, buffers, scalars), ...] with
+//   input_shapes: [shape, ...]; outputs: [(shape, dtype), ...];
+//   launches: [(function, dims6, smem, maps, buffers, scalars), ...] with
 //   maps [(src, dims3, strides2, box3, swizzle)], buffers [(src, offset)], scalars [bytes, ...]
-int64_t add_plan(int64_t device, const std::vector<bool>& aligned16, py::list outputs, py::list launches,
+int64_t add_plan(int64_t device, const std::vector<bool>& aligned16,
+                 const std::vector<std::vector<int64_t>>& input_shapes, py::list outputs, py::list launches,
                  const std::vector<int64_t>& returned) {
+  TORCH_CHECK(input_shapes.size() == aligned16.size(), "launch_plans.add_plan: one shape per input");
   Plan plan;
   plan.device = static_cast<int>(device);
   plan.n_inputs = aligned16.size();
+  plan.input_shapes = input_shapes;
   for (bool a : aligned16) plan.aligned16.push_back(a ? 1 : 0);
   for (auto item : outputs) {
     auto t = item.cast<py::tuple>();
@@ -161,13 +166,14 @@ Slot* slot_of(int64_t id) {
   return g_slots[id].get();
 }
 
-// Whether `inputs` fit `plan`: as many as it takes, each contiguous on its device (the current one), 16 bytes
-// aligned where it needs that.
+// Whether `inputs` fit `plan`: as many as it takes, each of the shape it was made for, contiguous on its device
+// (the current one), 16 bytes aligned where it needs that.
 bool fits(const Plan& plan, const std::vector<at::Tensor>& inputs) {
   if (inputs.size() != plan.n_inputs || c10::cuda::current_device() != plan.device) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& x = inputs[i];
     if (!x.defined() || !x.is_cuda() || x.get_device() != plan.device || !x.is_contiguous() || x.is_neg()) return false;
+    if (!x.sizes().equals(plan.input_shapes[i])) return false;
     if (plan.aligned16[i] && reinterpret_cast<uint64_t>(x.data_ptr()) % 16 != 0) return false;
   }
   return true;

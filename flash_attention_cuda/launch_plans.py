@@ -25,9 +25,10 @@ Three lookups use it, each keyed on everything the code it skips would read:
   runs no Python of ours but the public call's key.
 * ``FORWARD``: run_forward's checked arguments (``forward_key``): the autograd and ``torch.compile`` paths.
 * ``BACKWARD``: run_backward's (``backward_key``): the backward's four allocations and three or four launches.
-What a key leaves out, ``run`` checks in C++: every input contiguous, on the plan's device (the current one),
-16-byte aligned; otherwise it returns None and the caller takes the Python path. Dropout (whose seed is a kernel
-argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are never planned.
+What a key leaves out, ``run`` checks in C++: every input of the plan's shape, contiguous, on the plan's device
+(the current one), 16-byte aligned; otherwise it returns None and the caller takes the Python path. Dropout (whose
+seed is a kernel argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are
+never planned.
 
 The extension is built with ``torch.utils.cpp_extension`` at the first plan registered on a GPU (about 30 s, once per
 machine; torch caches the build). ``FA_CUDA_LAUNCH_PLANS=0`` turns plans off; a build that fails warns once and
@@ -235,7 +236,8 @@ def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, re
     desc_outputs, launches = describe(specs, {name: tuple(x.shape) for name, x in inputs.items()}, out, at,
                                       lambda spec: runtime.get_kernel(spec.source, spec.name, device).kernel.ptr)
     out_names = [name for name, _ in outputs]
-    plan = _EXT.add_plan(device, [True] * len(inputs), desc_outputs, launches, [out_names.index(r) for r in returned])
+    plan = _EXT.add_plan(device, [True] * len(inputs), [list(x.shape) for x in inputs.values()], desc_outputs,
+                         launches, [out_names.index(r) for r in returned])
     if len(table) >= PLANS_MAX:
         table.clear()
     table[key] = plan

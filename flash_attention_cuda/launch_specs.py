@@ -817,6 +817,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
         D = q.shape[-1]
         q, k, v, o, do = (runtime.pad_last(x, plan.pad_to) for x in (q, k, v, o, do))
         grads = run_backward(q, k, v, o, lse, do, window, scale, plan.kernel, config, dropout)
+        launch_plans.LAST.backward = None  # the padded call's plan is not this call's
         return tuple(runtime.cut_last(g, D) for g in grads)
     p = plan.p
     given = (q, k, v, o, lse, do)

@@ -54,7 +54,8 @@ def test_description_names_every_parameter(make):
     (function, dims, smem, maps, buffers, scalars), = launches
     names = list(inputs) + [n for n, _, _ in outputs]
     assert function == 0xC0FFEE and smem == spec.smem
-    assert dims == list(tuple(spec.grid) + (1,) * (3 - len(spec.grid)) + tuple(spec.block) + (1,) * (3 - len(spec.block)))
+    pad3 = lambda t: tuple(t) + (1,) * (3 - len(t))  # noqa: E731
+    assert dims == list(pad3(spec.grid) + pad3(spec.block))
     assert len(maps) == len(spec.maps)
     for (src, mdims, mstrides, box, swizzle), (_, name, rows) in zip(maps, spec.maps):
         want = runtime.tensor_map_layout(shapes[name], rows)
@@ -201,9 +202,10 @@ def test_repeated_backward_runs_its_plan(kernel, monkeypatch):
     """Through autograd, four steps of one shape: the first two run the Python path (the eager autograd.Function)
     and the second registers the forward's and the backward's plans; from the third the call is the C++
     autograd function on the forward's plan, whose backward runs on the Python path once more (it finds the
-    backward's plan and puts it in the call's slot); the fourth has no Python launch and no Python backward. The results are
-    the Python path's: O, dK and dV bit for bit, dQ to float32 rounding where the backward sums it with atomic
-    adds (wgmma-ws, 'auto' on a Hopper). loss = O.sum() (an expanded gradient) and lse's output work too."""
+    backward's plan and puts it in the call's slot); the fourth has no Python launch and no Python backward. The
+    results are the Python path's: O, dK and dV bit for bit, dQ to float32 rounding where the backward sums it
+    with atomic adds (wgmma-ws, 'auto' on a Hopper). loss = O.sum() (an expanded gradient) and lse's output work
+    too."""
     from flash_attention_cuda import library_ops
 
     Hq, Hk, Nq, Nk, D, dtype, kw = CASES[1]
