@@ -99,6 +99,14 @@ def _build():
         return False
 
 
+def _turn_off(why: str) -> None:
+    """Plans off for the rest of the process, with one warning: every call takes the Python path."""
+    global _EXT
+    _EXT = False
+    warnings.warn(f"flash_attention_cuda: C++ launch plans turned off: {why}; every call takes the Python path",
+                  RuntimeWarning, stacklevel=3)
+
+
 def _plain_tensors(*xs) -> bool:
     global _Tensor
     if _Tensor is None:
@@ -236,8 +244,12 @@ def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, re
     desc_outputs, launches = describe(specs, {name: tuple(x.shape) for name, x in inputs.items()}, out, at,
                                       lambda spec: runtime.get_kernel(spec.source, spec.name, device).kernel.ptr)
     out_names = [name for name, _ in outputs]
-    plan = _EXT.add_plan(device, [True] * len(inputs), [list(x.shape) for x in inputs.values()], desc_outputs,
-                         launches, [out_names.index(r) for r in returned])
+    try:
+        plan = _EXT.add_plan(device, [True] * len(inputs), [list(x.shape) for x in inputs.values()], desc_outputs,
+                             launches, [out_names.index(r) for r in returned])
+    except Exception as err:  # a plan the extension refuses: plans off for the process, the call already ran
+        _turn_off(f"registering a plan failed ({type(err).__name__}: {err})")
+        return None
     if len(table) >= PLANS_MAX:
         table.clear()
     table[key] = plan

@@ -144,6 +144,25 @@ def test_a_failed_build_warns_and_leaves_the_python_path(monkeypatch):
     assert launch_plans.remember(launch_plans.FORWARD, ("k",), (), {}, (), {}, ()) is None
 
 
+def test_a_refused_plan_turns_plans_off(monkeypatch):
+    """If the extension refuses a plan (add_plan raises), remember warns once and turns plans off for the
+    process instead of failing the call that already ran."""
+    class Refusing:
+        def add_plan(self, *args):
+            raise TypeError("incompatible function arguments")
+
+    spec = launch_specs.forward_spec("mma", launch_specs.Problem(B=1, H=2, Nq=40, Nk=40, D=64, dtype="float16",
+                                                                 scale=0.1, window=(-1, -1)), vec4=True)
+    q, lse = torch.empty(1, 2, 40, 64, dtype=torch.float16), torch.empty(1, 2, 40)
+    monkeypatch.setattr(launch_plans, "_EXT", Refusing())
+    monkeypatch.setattr(runtime, "get_kernel", lambda *a: type("K", (), {"kernel": type("F", (), {"ptr": 1})})())
+    args = (launch_plans.FORWARD, ("key",), (spec,), dict(Q=q, K=q, V=q), (("O", q), ("LSE", lse)), {}, ("O", "LSE"))
+    assert launch_plans.remember(*args) is None  # first sighting: noted only
+    with pytest.warns(RuntimeWarning, match=r"turned off: registering a plan failed \(TypeError: incompatible"):
+        assert launch_plans.remember(*args) is None
+    assert launch_plans._EXT is False and not launch_plans.enabled() and not launch_plans.FORWARD
+
+
 def test_plans_off_by_environment(monkeypatch):
     """FA_CUDA_LAUNCH_PLANS=0 (launch_plans.ENABLED False): no key, no build."""
     monkeypatch.setattr(launch_plans, "ENABLED", False)
