@@ -30,7 +30,7 @@ What a key leaves out, ``run`` checks in C++: every input of the plan's shape, c
 seed is a kernel argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are
 never planned.
 
-The extension is built with ``torch.utils.cpp_extension`` at the first plan registered on a GPU (about 30 s, once per
+The extension is built with ``torch.utils.cpp_extension`` at the first plan registered on a GPU (about 25 s, once per
 machine; torch caches the build). ``FA_CUDA_LAUNCH_PLANS=0`` turns plans off; a build that fails warns once and
 leaves every call on the Python path, which gives the same results bit for bit.
 """
@@ -84,7 +84,7 @@ def _build():
 
         if torch.version.cuda is None or not torch.cuda.is_available():
             return False
-        print("flash_attention_cuda: building the C++ launch plans (launch_plans.cpp; once per machine, about 30 s; "
+        print("flash_attention_cuda: building the C++ launch plans (launch_plans.cpp; once per machine, about 25 s; "
               "FA_CUDA_LAUNCH_PLANS=0 skips them)", file=sys.stderr, flush=True)
         ext = cpp_extension.load(name="fa_ladder_launch_plans", sources=[SOURCE], extra_cflags=["-O2"],
                                  with_cuda=True, verbose=False)
