@@ -23,8 +23,8 @@ Three lookups use it, each keyed on everything the code it skips would read:
   forward's plan, and in the backward the backward's plan, registered in the call's slot by the first backward
   that runs on the Python path (``add_slot``), so from the fourth step of a shape on a training step's attention
   runs no Python of ours but the public call's key.
-* ``FORWARD``: run_forward's checked arguments (``forward_key``): the autograd and ``torch.compile`` paths.
-* ``BACKWARD``: run_backward's (``backward_key``): the backward's four allocations and three or four launches.
+* ``FORWARD``: run_forward's checked arguments (``checked_key``): the autograd and ``torch.compile`` paths.
+* ``BACKWARD``: run_backward's (``checked_key``): the backward's four allocations and three or four launches.
 What a key leaves out, ``run`` checks in C++: every input of the plan's shape, contiguous, on the plan's device
 (the current one), 16-byte aligned; otherwise it returns None and the caller takes the Python path. Dropout (whose
 seed is a kernel argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are
@@ -44,7 +44,7 @@ import warnings
 
 from . import runtime
 
-__all__ = ["enabled", "module", "public_forward_key", "forward_key", "backward_key", "describe", "remember", "run",
+__all__ = ["enabled", "module", "public_forward_key", "checked_key", "describe", "remember", "run",
            "run_public", "remember_public", "add_slot", "PUBLIC", "FORWARD", "BACKWARD", "LAST", "clear"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
@@ -52,8 +52,8 @@ ENABLED = os.environ.get("FA_CUDA_LAUNCH_PLANS", "1") != "0"
 PLANS_MAX = 4096  # keys kept per table; a fuller table is cleared (the C++ plans stay: a few hundred bytes each)
 SEEN: dict = {}  # keys of run_forward and run_backward seen once: a key is planned on its second Python-path call
 PUBLIC: dict = {}  # public_forward_key -> plan id, or (forward plan id, backward slot id) for a differentiable call
-FORWARD: dict = {}  # forward_key -> plan id
-BACKWARD: dict = {}  # backward_key -> plan id
+FORWARD: dict = {}  # checked_key of run_forward -> plan id
+BACKWARD: dict = {}  # checked_key of run_backward -> plan id
 _EXT = None  # the built extension; False where it is off or cannot be built here
 _LOCK = threading.Lock()
 _Tensor = None  # torch.Tensor, once torch is imported
@@ -140,15 +140,9 @@ def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, windo
     return key
 
 
-def forward_key(q, k, window, scale: float, kernel: str, config, dropout):
-    """run_forward's key (checked arguments), or None where plans cannot answer (off, not torch, dropout)."""
-    if not (enabled() and _plain_tensors(q, k)) or dropout[0] > 0.0:
-        return None
-    return (kernel, config, scale, window, q.shape, k.shape, q.dtype, q.device)
-
-
-def backward_key(q, k, window, scale: float, kernel: str, config, dropout):
-    """run_backward's key (checked arguments), or None where plans cannot answer (off, not torch, dropout)."""
+def checked_key(q, k, window, scale: float, kernel: str, config, dropout):
+    """The key of run_forward's and run_backward's checked arguments (FORWARD and BACKWARD), or None where plans
+    cannot answer (off, not torch tensors, dropout)."""
     if not (enabled() and _plain_tensors(q, k)) or dropout[0] > 0.0:
         return None
     return (kernel, config, scale, window, q.shape, k.shape, q.dtype, q.device)

@@ -680,7 +680,7 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     addresses: a misaligned input (a view at an odd offset into its storage) is copied.
     A call whose key ran before on contiguous, aligned torch tensors runs that call's C++ launch plan
     (launch_plans.py): the same launch, without the Python between allocation and launch."""
-    plan_key = launch_plans.forward_key(q, k, window, scale, kernel, config, dropout)
+    plan_key = launch_plans.checked_key(q, k, window, scale, kernel, config, dropout)
     if plan_key is not None:
         plan = launch_plans.FORWARD.get(plan_key)
         if plan is not None:
@@ -802,7 +802,7 @@ def run_backward(q, k, v, o, lse, do, window, scale: float, kernel: str = "auto"
     over each K/V head's group of query heads. dropout: the forward's (dropout_p, dropout_seed) (wgmma, mma).
     What to launch is :func:`backward_plan`'s, once per distinct call; a call allocates dQ, dK, dV and one float32
     scratch buffer, and launches."""
-    plan_key = launch_plans.backward_key(q, k, window, scale, kernel, config, dropout)
+    plan_key = launch_plans.checked_key(q, k, window, scale, kernel, config, dropout)
     launch_plans.LAST.backward = None
     if plan_key is not None:
         hit = launch_plans.BACKWARD.get(plan_key)

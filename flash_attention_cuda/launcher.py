@@ -106,7 +106,7 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
             if public_key is not None and public_key not in launch_plans.PUBLIC:  # the next such call: the C++
                 # autograd function on this call's plans (a key already there is one whose inputs did not fit it:
                 # no second slot)
-                plan = launch_plans.FORWARD.get(launch_plans.forward_key(q, k, window, scale, kernel, None, dropout))
+                plan = launch_plans.FORWARD.get(launch_plans.checked_key(q, k, window, scale, kernel, None, dropout))
                 if plan is not None:
                     launch_plans.remember_public(public_key, (plan, launch_plans.add_slot(
                         python_backward(causal, scale, kernel, window))))
@@ -114,7 +114,7 @@ def flash_attn_cuda(q, k, v, *, causal=False, softmax_scale=None, kernel="auto",
     o, lse = launch_specs.run_forward(q, k, v, window, scale, kernel, dropout=dropout)
     if public_key is not None and public_key not in launch_plans.PUBLIC:  # run_forward planned this call: the
         # next with the same arguments skips the checks
-        plan = launch_plans.FORWARD.get(launch_plans.forward_key(q, k, window, scale, kernel, None, dropout))
+        plan = launch_plans.FORWARD.get(launch_plans.checked_key(q, k, window, scale, kernel, None, dropout))
         if plan is not None:
             launch_plans.remember_public(public_key, plan)
     return (o, lse) if return_lse else o
