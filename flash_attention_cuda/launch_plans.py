@@ -44,7 +44,7 @@ import warnings
 
 from . import runtime
 
-__all__ = ["enabled", "module", "public_forward_key", "checked_key", "describe", "remember", "run",
+__all__ = ["enabled", "module", "public_forward_key", "checked_key", "describe", "remember", "register", "run",
            "run_public", "remember_public", "add_slot", "PUBLIC", "FORWARD", "BACKWARD", "LAST", "clear"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_plans.cpp")
@@ -116,11 +116,14 @@ def _plain_tensors(*xs) -> bool:
     return all(type(x) is _Tensor for x in xs)
 
 
-def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, dropout_seed):
-    """flash_attn_cuda's key, or None where no plan may answer the call: plans off, not three plain torch tensors,
-    dropout, a ``torch.compile`` trace, or an argument whose check reads more than the key (|softmax_scale| > 1
-    reads the data; a window that is not a tuple). Types are part of the key, so ``causal=1`` never finds the
-    plan of ``causal=True`` (the checks refuse the first). Its last entry: whether the call needs a gradient."""
+def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, dropout_seed,
+                       fn: str = "flash_attn_cuda"):
+    """The key of a public call (``fn``: flash_attn_cuda, or flash_attn_triton with kernel None), or None where
+    no plan may answer the call: plans off, not three plain torch tensors, dropout, a ``torch.compile`` trace, or
+    an argument whose check reads more than the key (|softmax_scale| > 1 reads the data; a window that is not a
+    tuple). The function's name and the arguments' types are part of the key, so ``causal=1`` never finds the
+    plan of ``causal=True`` (the checks refuse the first), nor one function's call the other's plan. Its last
+    entry: whether the call needs a gradient."""
     if not (enabled() and _plain_tensors(q, k, v)) or dropout_seed is not None or type(window_size) is not tuple:
         return None
     torch = sys.modules["torch"]
@@ -129,7 +132,7 @@ def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, windo
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if softmax_scale is not None and not (type(softmax_scale) in (int, float) and abs(softmax_scale) <= 1.0):
         return None
-    key = (type(causal), causal, type(softmax_scale), softmax_scale, type(kernel), kernel, type(return_lse),
+    key = (fn, type(causal), causal, type(softmax_scale), softmax_scale, type(kernel), kernel, type(return_lse),
            return_lse, tuple(type(w) for w in window_size), window_size, type(dropout_p), dropout_p,
            q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
            v.shape, v.stride(), v.dtype, v.device, grad)
@@ -238,9 +241,19 @@ def remember(table: dict, key, specs, inputs: dict, outputs: tuple, at: dict, re
     desc_outputs, launches = describe(specs, {name: tuple(x.shape) for name, x in inputs.items()}, out, at,
                                       lambda spec: runtime.get_kernel(spec.source, spec.name, device).kernel.ptr)
     out_names = [name for name, _ in outputs]
+    return register(table, key, list(inputs.values()), desc_outputs, launches, [out_names.index(r) for r in returned])
+
+
+def register(table: dict, key, inputs: list, outputs: list, launches: list, returned: list):
+    """Register a described plan (``describe``'s outputs and launches; ``returned``: output indices) for the
+    tensors ``inputs`` of the call that made it, under ``key`` in ``table``; every input must be 16-byte aligned.
+    Returns the plan id, or None where the extension is off or cannot be built. A plan the extension refuses turns
+    plans off for the process (one warning); the call that made it has already run."""
+    if not module():
+        return None
     try:
-        plan = _EXT.add_plan(device, [True] * len(inputs), [list(x.shape) for x in inputs.values()], desc_outputs,
-                             launches, [out_names.index(r) for r in returned])
+        plan = _EXT.add_plan(inputs[0].device.index, [True] * len(inputs), [list(x.shape) for x in inputs], outputs,
+                             launches, list(returned))
     except Exception as err:  # a plan the extension refuses: plans off for the process, the call already ran
         _turn_off(f"registering a plan failed ({type(err).__name__}: {err})")
         return None

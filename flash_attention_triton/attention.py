@@ -18,10 +18,13 @@ from flash_attention_py.custom_ops import call_forward, on_device
 from flash_attention_py.validation import (cached_check, check_dropout, check_flag, check_qkv, check_scale_range,
                                            resolve_lazy, resolve_softmax_scale, resolve_window)
 
+from flash_attention_cuda.launch_plans import PUBLIC, run_public
+
+from . import launch_plans  # flash_attn_triton's C++ launch plans (on the CUDA rung's extension)
 from . import library_ops  # the custom ops torch.ops.fa_ladder.triton_fwd / triton_bwd (over launch.py)
 from .capabilities import BF16_CPU_REASON, CAPABILITIES, interpreter_on
 # the launchers, also reachable from here (library_ops, benchmarks and notebook 5 use them by this module's name)
-from .launch import FP32_PRECISION, _backward, _forward, best_configs  # noqa: F401
+from .launch import FP32_PRECISION, _backward, _call_key, _forward, _hooks_on, _window, best_configs  # noqa: F401
 
 __all__ = ["flash_attn_triton", "FlashAttnTritonFunction", "INTERPRETED", "MAX_HEAD_DIM", "DTYPES"]
 
@@ -145,6 +148,16 @@ def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, window_size=
     ``torch.ops.fa_ladder.triton_fwd`` / ``triton_bwd`` (``library_ops.py``), so ``torch.compile(fullgraph=True)``
     compiles a model that calls this with no graph break.
     """
+    # a call whose key ran before: its C++ launch plan, or with a gradient the C++ autograd function on its plans;
+    # the checks are in the key (launch_plans.py)
+    public = None if INTERPRETED or _hooks_on() else launch_plans.public_key(
+        q, k, v, causal, softmax_scale, return_lse, window_size, dropout_p, dropout_seed)
+    if public is not None:
+        hit = PUBLIC.get(public)
+        if hit is not None:
+            out = run_public(hit, q, k, v)
+            if out is not None:
+                return out if return_lse else out[0]
     q, k, v, window, p, seed, scale = cached_check(  # the checks, once per distinct call
         _check_call, _CHECKED, q, k, v, fn="flash_attn_triton", causal=causal, softmax_scale=softmax_scale,
         window_size=window_size, dropout_p=dropout_p, dropout_seed=dropout_seed, return_lse=return_lse)
@@ -156,7 +169,26 @@ def flash_attn_triton(q, k, v, *, causal=False, softmax_scale=None, window_size=
     else:
         with on_device(q):
             o, lse = _forward(q, k, v, window, scale, dropout_p=p, dropout_seed=seed)
+    if public is not None and public not in PUBLIC:  # the forward's plan, if _forward made one: the next such
+        # call skips the checks too
+        forward_key = launch_plans.planned_key("triton-fwd", _call_key("fwd", (q, k, v), _window(window), (0.0, 0)),
+                                               scale, (0.0, 0))
+        launch_plans.remember_public(public, forward_key, public[-1], lambda: python_backward(window, scale))
     return (o, lse) if return_lse else o
+
+
+def python_backward(window: tuple, scale: float):
+    """(q, k, v, o, lse, dO) -> (dQ, dK, dV): the backward of a call without dropout on the Python path, for the C++
+    autograd function until its backward has a plan of its own (launch_plans.cpp, ``add_slot``). Under
+    create_graph=True it is the backward op, whose own backward raises, as the eager path's does."""
+
+    def backward(q, k, v, o, lse, do):
+        if torch.is_grad_enabled():
+            return library_ops.triton_bwd(q, k, v, o, lse, do, False, scale, window[0], window[1], 0.0, 0)
+        with on_device(q):
+            return _backward(q, k, v, o, lse, do, window, scale)
+
+    return backward
 
 
 def flops(B, H, Nq, Nk, D, causal=False, mode="fwd") -> float:  # convenience for the benchmark

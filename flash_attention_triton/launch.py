@@ -18,7 +18,8 @@ so dropout_p = 0 runs the plain kernels. The softmax scale reaches every kernel 
 
 The backward is two launches, the dQ kernel (which also stores Delta) and then the dK/dV kernel. A call like an
 earlier one (same shapes, strides, dtype, alignment, window, dropout kinds) replays that call's launches from a
-call plan (``_CALLS``), skipping the launcher's lookups.
+call plan (``_CALLS``), skipping the launcher's lookups; on a GPU the next one runs the same launches as a C++
+launch plan (``launch_plans.py``), one C++ call from the allocations to the last launch.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from flash_attention_py import masks
 from flash_attention_py.validation import resolve_lazy
 
 from . import configs as C
+from . import launch_plans  # the C++ launch plans of a call plan's launches (flash_attention_cuda's extension)
 from .backward_kernels import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from .capabilities import interpreter_on
 from .forward_kernel import attn_fwd_kernel
@@ -359,11 +361,16 @@ def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0
     key = None if config is not None else _call_key("fwd", (q, k, v), window, drop)
     plan = _CALLS.get(key)
     if plan is not None:  # the launch of an earlier call like this one, directly
+        cpp_key = launch_plans.planned_key("triton-fwd", key, scale, drop)
+        out = launch_plans.forward_plan(cpp_key, q, k, v)  # its C++ launch plan, from the third call of a key
+        if out is not None:
+            return out
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         entry, grid, ints = plan
-        _go(entry, grid, ints, _driver().get_current_stream(key[1]), (q, k, v, o, lse),
-            (*scale_args(scale), *drop))
+        tail = (*scale_args(scale), *drop)
+        _go(entry, grid, ints, _driver().get_current_stream(key[1]), (q, k, v, o, lse), tail)
+        launch_plans.remember_forward(cpp_key, plan, q, k, v, o, lse, tail)
         return o, lse
     q0, k0, v0 = q, k, v
     q, k, v = (_fit_int32(x, n) for x, n in zip((q, k, v), ("q", "k", "v")))  # int32 row offsets must not wrap
@@ -400,7 +407,12 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     key = None if configs else _call_key("bwd", (q, k, v, o, lse, do), window, drop)
     plan = _CALLS.get(key)
     if plan is None:
+        launch_plans.cpp.LAST.backward = None
         return _backward_full(q, k, v, o, lse, do, window, scale, configs or {}, drop, key)
+    cpp_key = launch_plans.planned_key("triton-bwd", key, scale, drop)
+    out = launch_plans.backward_plan(cpp_key, q, k, v, o, lse, do)  # its C++ launch plan, from the third call
+    if out is not None:
+        return out
     B, H, Nq, D = q.shape
     Hk, Nk = k.shape[1], k.shape[2]
     stream = _driver().get_current_stream(key[1])
@@ -414,6 +426,7 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     _go(*plan.dkdv, stream, (q, k, v, do, lse, delta, dk_out, dv_out), tail)
     if plan.splits > 1:
         _sum_splits(dk, dv, dk_out, dv_out, plan.splits)
+    launch_plans.remember_backward(cpp_key, plan, q, k, v, o, lse, do, delta, dq, dk, dv, tail)
     return dq, dk, dv
 
 

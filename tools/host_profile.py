@@ -122,14 +122,27 @@ def triton_section(n: int, sync) -> list:
     def bwd_full():
         return L._backward_full(q, k, v, o, lse, do, (-1, 0), 0.125, {}, drop, None)
 
+    def no_cpp(fn):  # the Python call plan alone: no C++ launch plan found or made
+        def call():
+            planned_key, L.launch_plans.planned_key = L.launch_plans.planned_key, lambda *a: None
+            try:
+                return fn()
+            finally:
+                L.launch_plans.planned_key = planned_key
+        return call
+
     timed = (("flash_attn_triton forward", lambda: flash_attn_triton(q, k, v)),
-             ("  launch._forward (its call plan)", lambda: L._forward(q, k, v, (-1, 0), 0.125)),
+             ("  launch._forward (its C++ launch plan, where plans are on)",
+              lambda: L._forward(q, k, v, (-1, 0), 0.125)),
+             ("  launch._forward (its call plan)", no_cpp(lambda: L._forward(q, k, v, (-1, 0), 0.125))),
              ("  launch._forward (the full path: no call plans)", fwd_full),
              ("flash_attn_triton forward + backward (causal, autograd)",
               lambda: torch.autograd.grad(flash_attn_triton(qg, kg, vg, causal=True), (qg, kg, vg), do)),
              ("flash_attn_triton backward (causal, autograd.grad of a kept graph)",
               lambda: torch.autograd.grad(kept, (qg, kg, vg), do, retain_graph=True)),
-             ("  launch._backward (its call plan)", lambda: L._backward(q, k, v, o, lse, do, (-1, 0), 0.125)),
+             ("  launch._backward (its C++ launch plan, where plans are on)",
+              lambda: L._backward(q, k, v, o, lse, do, (-1, 0), 0.125)),
+             ("  launch._backward (its call plan)", no_cpp(lambda: L._backward(q, k, v, o, lse, do, (-1, 0), 0.125))),
              ("  launch._backward_full (the full path)", bwd_full),
              ("sdpa FA2 backward (causal, autograd.grad of a kept graph)",
               lambda: torch.autograd.grad(kept_sdpa, (qg, kg, vg), do, retain_graph=True)))

@@ -76,8 +76,8 @@ def _window(mask) -> tuple:
     return masks.window_for(mask) if isinstance(mask, bool) else (int(mask[0]), int(mask[1]))
 
 
-def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
-    """Compile one variant for GPUTarget('cuda', arch, 32); returns a dict with its shared memory.
+def compile_kernel(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
+    """Compile one variant for GPUTarget('cuda', arch, 32) -> Triton's CompiledKernel (not loaded: no GPU).
 
     causal: True / False, or a (left, right) window (the kernels take the mask as a window of constexprs);
     config is (BLOCK_M, BLOCK_N, num_warps, num_stages). extra: "" (plain), or "gqa" (grouped-query
@@ -105,9 +105,14 @@ def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config,
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
     options = backend.parse_options({"num_warps": warps, "num_stages": stages})
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                          options=options.__dict__)
+
+
+def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
+    """Compile one variant (``compile_kernel``); returns a dict with its shared memory against the target's limit."""
     t0 = time.time()
-    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                              target=target, options=options.__dict__)
+    compiled = compile_kernel(kernel_name, dtype, head_dim, causal, config, arch, extra)
     shared = int(compiled.metadata.shared)
     limit = C.SMEM_LIMIT[arch]
     return dict(kernel=kernel_name, dtype=dtype, head_dim=head_dim,
