@@ -415,35 +415,32 @@ def _ratio_span(rows, num, den, pick=max):
 OURS_FWD = ("triton", "cuda-wgmma-ws", "cuda-wgmma")  # our fastest forwards on a Hopper
 
 
-def t_hopper_targets(R, lang):
-    """The performance targets against the recorded Hopper table (docs/results/cuda/hopper_summary.json)."""
-    rows = _hopper(R)
+def _verdict(lang, vals, target):
+    """'met', or by how much the worst of ``vals`` falls short of ``target``."""
+    lo = min(vals)
+    if lo >= target:
+        return H(lang, "met", "达到")
+    digits = 2 if round(target - lo, 2) > 0 else 3  # a shortfall under 0.005 is shown, not rounded to 0.00
+    return H(lang, f"no: {lo:.{digits}f}× at worst, {target - lo:.{digits}f} short",
+             f"否：最差 {lo:.{digits}f}×，差 {target - lo:.{digits}f}")
+
+
+def _preset_targets(R, path, lang):
+    """The targets one run of the hopper preset decides (``path``: its hopper_summary.json): the forward against
+    cuDNN, the stretch, the CUDA backward against FA2 and cuDNN, Triton's backward, and N = 1024 per backend."""
+    summary = R.json(path)
+    rows = summary["rows"]
     big = [r for r in rows if r["N"] >= 4096]
     fwd, bwd = [r for r in big if r["mode"] == "fwd"], [r for r in big if r["mode"] == "bwd"]
     small = [r for r in rows if r["N"] == 1024]
-
-    def verdict(vals, target):
-        lo = min(vals)
-        if lo >= target:
-            return H(lang, "met", "达到")
-        digits = 2 if round(target - lo, 2) > 0 else 3  # a shortfall under 0.005 is shown, not rounded to 0.00
-        return H(lang, f"no: {lo:.{digits}f}× at worst, {target - lo:.{digits}f} short",
-                 f"否：最差 {lo:.{digits}f}×，差 {target - lo:.{digits}f}")
-
     out = []
     ours_fwd = _ratio_span(fwd, OURS_FWD, "sdpa-cudnn")
-    summary = R.json("cuda/hopper_summary.json")
     n, spread = summary.get("rounds", 1), summary.get("round_order") == "run"
     out.append([H(lang, "forward, best of ours ≥ 1.0× cuDNN (D 64/128, N ≥ 4096, fp16/bf16, causal and not)"
                         + ("" if n == 1 else f", {n} rounds {'over the whole run' if spread else 'in turn'}"),
                   "前向，我们最快者 ≥ 1.0× cuDNN（D 64/128，N ≥ 4096，fp16/bf16，因果与否）"
                   + ("" if n == 1 else (f"，{n} 轮分布于整个运行" if spread else f"，依次 {n} 轮"))),
-                span(ours_fwd, f2, "×"), verdict(ours_fwd, 1.0)])
-    rounds = _forward_rounds(R)
-    out.append([H(lang, "the same, cuda-wgmma-ws beside FA2 and cuDNN alone, 3 rounds in turn, each with a whole "
-                        "timing's budget (tools/forward_rounds.py)",
-                  "同上，只有 cuda-wgmma-ws、FA2 和 cuDNN，依次 3 轮，每轮都有一次完整计时的预算（tools/forward_rounds.py）"),
-                span(rounds, f2, "×"), verdict(rounds, 1.0)])
+                span(ours_fwd, f2, "×"), _verdict(lang, ours_fwd, 1.0)])
     d128 = [r for r in fwd if r["D"] == 128 and r["dtype"] == "float16" and not r["causal"]]
     best = max(max(r["tflops"].get(n) or 0 for n in OURS_FWD) for r in d128)
     out.append([H(lang, "stretch: 648 TFLOP/s forward at D128 fp16, not causal (FlashAttention-3's paper)",
@@ -452,9 +449,9 @@ def t_hopper_targets(R, lang):
     cb_fa2 = _ratio_span(bwd, ("cuda-wgmma",), "sdpa-flash")
     cb_cudnn = _ratio_span(bwd, ("cuda-wgmma",), "sdpa-cudnn")
     out.append([H(lang, "CUDA backward ≥ 1.2× FA2 (N ≥ 4096)", "CUDA 反向 ≥ 1.2× FA2（N ≥ 4096）"),
-                span(cb_fa2, f2, "×"), verdict(cb_fa2, 1.2)])
+                span(cb_fa2, f2, "×"), _verdict(lang, cb_fa2, 1.2)])
     out.append([H(lang, "CUDA backward ≥ 0.8× cuDNN (N ≥ 4096)", "CUDA 反向 ≥ 0.8× cuDNN（N ≥ 4096）"),
-                span(cb_cudnn, f2, "×"), verdict(cb_cudnn, 0.8)])
+                span(cb_cudnn, f2, "×"), _verdict(lang, cb_cudnn, 0.8)])
     tb = _ratio_span(bwd, ("triton",), "sdpa-flash")
     out.append([H(lang, "(Triton backward against FA2, N ≥ 4096, for comparison)", "（Triton 反向相对 FA2，N ≥ 4096，作对照）"),
                 span(tb, f2, "×"), ""])
@@ -467,11 +464,33 @@ def t_hopper_targets(R, lang):
                       f"N = 1024：{name} ≥ 1.0× FA2，前向与反向，因果与否"),
                     span(vals, f2, "×"), H(lang, "met", "达到") if not below else
                     H(lang, f"no: {below} of {len(vals)} cases below 1.0×", f"否：{len(vals)} 个中 {below} 个低于 1.0×")])
+    return out
+
+
+TARGETS_HEADER = (("target", "目标"), ("measured", "实测"), ("met?", "达到？"))
+
+
+def t_hopper_targets(R, lang):
+    """The performance targets against the recorded Hopper table (docs/results/cuda/hopper_summary.json), with the
+    rounds record, the head dims, the seeds' configuration and the host time."""
+    out = _preset_targets(R, "cuda/hopper_summary.json", lang)
+    rounds = _forward_rounds(R)
+    out.insert(1, [H(lang, "the same, cuda-wgmma-ws beside FA2 and cuDNN alone, 3 rounds in turn, each with a whole "
+                           "timing's budget (tools/forward_rounds.py)",
+                     "同上，只有 cuda-wgmma-ws、FA2 和 cuDNN，依次 3 轮，每轮都有一次完整计时的预算（tools/forward_rounds.py）"),
+                   span(rounds, f2, "×"), _verdict(lang, rounds, 1.0)])
     out.append(_head_dim_target(lang))
     out += _seed_targets(R, lang)
     out.append(_host_time_target(R, lang))
-    header = [H(lang, "target", "目标"), H(lang, "measured", "实测"), H(lang, "met?", "达到？")]
-    return table(header, out)
+    return table([H(lang, *h) for h in TARGETS_HEADER], out)
+
+
+H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 7c0ef42)
+
+
+def t_hopper_targets_h200(R, lang):
+    """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER)."""
+    return table([H(lang, *h) for h in TARGETS_HEADER], _preset_targets(R, H200_HOPPER, lang))
 
 
 def _forward_rounds(R):
@@ -525,9 +544,10 @@ def _head_dim_target(lang):
               "每个 CUDA tensor core 内核为 head 维度 32、64、96、128 和 256 编译，其余补零"), measured, verdict]
 
 
-# the launch-overhead preset's latest record (c9b9f35, C++ launch plans and their autograd function): six runs with
-# plans, each read against SDPA's FA2 of the same run (the machine's host was not steady between runs)
-HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_autograd_plans/run{i}_plans.txt" for i in (1, 3, 4, 5, 6, 7))
+# the launch-overhead preset's latest record (7c0ef42: C++ launch plans for the CUDA rungs and Triton, their autograd
+# function timed in the backward): five runs with plans, each read against SDPA's FA2 of the same run (the machine's
+# host was not steady between runs)
+HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_triton_plans/run{i}_plans.txt" for i in (1, 3, 4, 6, 8))
 
 
 def _host_time_target(R, lang):
@@ -1026,6 +1046,7 @@ TABLES = {
     "triton-accuracy": t_triton_accuracy,
     "triton-n1024": t_triton_n1024,
     "hopper-targets": t_hopper_targets,
+    "hopper-targets-h200": t_hopper_targets_h200,
     "variants-targets": t_variants_targets,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
@@ -1114,6 +1135,19 @@ def gqa_rounds_figures(R):
     walk = f"within {span(ours, lambda x: f'{x:.2f}')} ms, beside cuDNN's {w['ms']['cudnn']:.2f}"
     return [("docs/performance.md", row(8, True)), ("docs/performance.md", row(1, False)),
             ("docs/performance.md", walk)]
+
+
+def gqa_h200_figures(R):
+    """The GQA section on an H200 (benchmark/h200-variants/gqa, commit 7c0ef42): Triton's and cuda-wgmma-ws's time
+    over the best PyTorch alternative's, and how many rows are below it."""
+    rows = R.json("benchmark/h200-variants/gqa/variants.json")["summary"]
+    tri = [r["vs_best_alternative"]["triton"] for r in rows]
+    ws = [r["vs_best_alternative"]["cuda-wgmma-ws"] for r in rows]
+    en = (f"Triton {span(tri, f2, '×')} and cuda-wgmma-ws {span(ws, f2, '×')} the best alternative, "
+          f"{sum(v < 1.0 for v in ws)} of {len(ws)} rows of cuda-wgmma-ws below 1.0×")
+    zh = (f"Triton 为最佳替代的 {span(tri, f2, '×')}，cuda-wgmma-ws 为 {span(ws, f2, '×')}，"
+          f"cuda-wgmma-ws 的 {len(ws)} 行中 {sum(v < 1.0 for v in ws)} 行低于 1.0×")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
 
 
 def mma_backward_figures(R):
@@ -1354,7 +1388,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + forward_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + forward_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
