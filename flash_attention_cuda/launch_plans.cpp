@@ -13,6 +13,9 @@
 // launch_plans.py has registered one in the call's slot; until then (and with create_graph) the slot's Python
 // callable runs the backward.
 //
+// flash_attention_triton/launch_plans.py registers flash_attn_triton's launches here too: a Triton kernel is a
+// CUfunction whose parameters are its pointers, then its scalars, as the description lists them.
+//
 // The plan never checks an input's values or types: Python did, before it registered the plan, and keys it on
 // every property those checks read. What run does check is what the key leaves out: each input contiguous on the
 // plan's device (the current one), and 16 bytes aligned where the plan needs it. Otherwise it returns None and the

@@ -30,6 +30,10 @@ What a key leaves out, ``run`` checks in C++: every input of the plan's shape, c
 seed is a kernel argument) and inputs that the Python path copies (padded D, strided or misaligned inputs) are
 never planned.
 
+``flash_attention_triton/launch_plans.py`` describes Triton's compiled kernels to the same extension
+(``register``), so ``flash_attn_triton``'s repeated calls run the same way, in the same tables (its keys are tagged
+with the function's name).
+
 The extension is built with ``torch.utils.cpp_extension`` at the first plan registered on a GPU (about 25 s, once per
 machine; torch caches the build). ``FA_CUDA_LAUNCH_PLANS=0`` turns plans off; a build that fails warns once and
 leaves every call on the Python path, which gives the same results bit for bit.

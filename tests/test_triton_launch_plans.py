@@ -10,7 +10,6 @@
   a launch hook (a profiler) sends every call through Triton's launcher; a second derivative still raises.
   Without a GPU these skip with the reason.
 """
-import importlib.util
 import json
 import os
 import struct
@@ -25,8 +24,10 @@ import torch
 from flash_attention_py import make_inputs
 
 from flash_attention_cuda import launch_plans as cpp
-from flash_attention_triton import launch, launch_plans
 from flash_attention_triton.capabilities import unavailable_reason
+
+pytest.importorskip("triton")
+from flash_attention_triton import launch, launch_plans  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REASON = unavailable_reason("cuda")
@@ -132,7 +133,6 @@ print("RESULT " + json.dumps(out))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_description_matches_the_compiled_ptx_entry():
     """The forward, dQ and dK/dV kernels compiled for sm_90 (no GPU needed): the description has one pointer per
     tensor argument, from its buffer, then each run-time int and float in its signature's C type (the unit strides
