@@ -311,7 +311,9 @@ PRESETS = {p.name: p for p in (
            combos=(("fwd", False), ("bwd", True)), timer="host",
            dtypes={"sdpa-flash": ("float16",), "cuda-mma": ("float16",), "cuda-wgmma": ("float16",),
                    "cuda-wgmma-ws": ("float16",), "triton": ("float16",)},
-           summary=host_summary),
+           # 3 rounds, each a pass over the whole run: a host's speed drifts by up to 2x between runs (an H200's,
+           # docs/results/cuda/launch_overhead_triton_plans/), so each line and FA2's are medians over the same stretches
+           rounds=3, summary=host_summary),
     Preset(name="hopper",
            description="every GPU backend (Triton, cuda-wgmma-ws, cuda-wgmma, cuda-mma) beside FA2 and cuDNN, fp16 and "
                        "bf16, forward and backward, causal and not; hopper_summary.json",
