@@ -3,7 +3,8 @@
 launch.py already keeps a call plan per call key (launch.py, *call plans*): a repeated call allocates its outputs
 and hands each compiled kernel to Triton's launcher, with no config lookup or specialisation. What is left is
 Python: the checks' cache, the allocations, Triton's launcher (which reads each tensor's ``data_ptr`` through
-Python), about 45 us a forward on an H200 against SDPA's 17-30 (docs/results/cuda/launch_overhead_planned_autograd/).
+Python), 43-46 us a forward on an H200 against SDPA's 16-18 in the same runs (the plans-off runs of
+docs/results/cuda/launch_overhead_triton_plans/; with the plans, 16-28 against 16-27).
 This module describes those launches to the C++ launch plans of ``flash_attention_cuda/launch_plans.py``, so a
 repeated call is one C++ call, as flash_attn_cuda's is:
 
