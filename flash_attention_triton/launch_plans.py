@@ -43,6 +43,7 @@ from flash_attention_cuda import launch_plans as cpp
 __all__ = ["ptx_param_sizes", "describe_launch", "planned_key", "public_key", "forward_plan", "backward_plan",
            "remember_forward", "remember_backward", "remember_public"]
 
+REFUSED: set = set()  # keys whose launches cannot be planned (describe_launch said no): not described again
 _C_TYPES = {"i32": "<i", "u32": "<I", "i64": "<q", "u64": "<Q", "fp32": "<f", "f32": "<f", "fp64": "<d"}
 _PTX_BYTES = {"8": 1, "16": 2, "32": 4, "64": 8}
 _PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.[a-z]+(\d+)\b[^,]*?(?:\[(\d+)\])?\s*$")
@@ -133,14 +134,21 @@ def forward_plan(key, q, k, v):
     return None if hit is None else cpp.run(hit, [q, k, v])
 
 
+def _refuse(key) -> None:
+    if len(REFUSED) >= cpp.PLANS_MAX:
+        REFUSED.clear()
+    REFUSED.add(key)
+
+
 def remember_forward(key, launch, q, k, v, o, lse, tail: tuple):
     """Register the forward's plan of a call that just ran launch.py's call plan ``launch`` (entry, grid, ints)
     with ``tail`` (scale, dropout_p, seed) on q, k, v -> o, lse. Returns the plan id, or None."""
-    if key is None or key in cpp.FORWARD or not _fit(q, k, v):
+    if key is None or key in cpp.FORWARD or key in REFUSED or not _fit(q, k, v):
         return None
     entry, grid3, ints = launch
     desc = describe_launch(entry, grid3, (0, 1, 2, 3, 4), (*ints, *tail))
     if desc is None:
+        _refuse(key)
         return None
     outputs = [(list(o.shape), o.dtype), (list(lse.shape), lse.dtype)]
     return cpp.register(cpp.FORWARD, key, [q, k, v], outputs, [desc], [0, 1])
@@ -159,12 +167,14 @@ def remember_backward(key, plan, q, k, v, o, lse, do, delta, dq, dk, dv, tail: t
     inputs q, k, v, o, lse, dO; outputs Delta, dQ, dK, dV (dQ, dK, dV returned). Notes it in
     launch_plans.LAST.backward, for the C++ autograd function's slot. Returns the plan id, or None."""
     cpp.LAST.backward = cpp.BACKWARD.get(key)
-    if key is None or cpp.LAST.backward is not None or plan.splits != 1 or not _fit(q, k, v, o, lse, do):
+    if (key is None or cpp.LAST.backward is not None or key in REFUSED or plan.splits != 1
+            or not _fit(q, k, v, o, lse, do)):
         return cpp.LAST.backward
     # buffers: q 0, k 1, v 2, o 3, lse 4, dO 5 (the inputs), Delta 6, dQ 7, dK 8, dV 9 (the outputs)
     dq_launch = describe_launch(plan.dq[0], plan.dq[1], (0, 1, 2, 3, 5, 4, 6, 7), (*plan.dq[2], *tail))
     dkdv_launch = describe_launch(plan.dkdv[0], plan.dkdv[1], (0, 1, 2, 5, 4, 6, 8, 9), (*plan.dkdv[2], *tail))
     if dq_launch is None or dkdv_launch is None:
+        _refuse(key)
         return None
     outputs = [(list(x.shape), x.dtype) for x in (delta, dq, dk, dv)]
     cpp.LAST.backward = cpp.register(cpp.BACKWARD, key, [q, k, v, o, lse, do], outputs, [dq_launch, dkdv_launch],

@@ -107,6 +107,19 @@ def test_describe_launch_refuses(change):
     assert launch_plans.describe_launch((compiled, (64,)), grid, (0, 4), (96, 1, 0.125, 5)) is None
 
 
+def test_a_refused_launch_is_not_described_again(monkeypatch):
+    """A call plan whose launch describe_launch refuses is noted (REFUSED), so its later calls do not read the
+    kernel's PTX again: they keep the Python call plan at its own cost."""
+    described = []
+    monkeypatch.setattr(launch_plans, "_fit", lambda *xs: True)
+    monkeypatch.setattr(launch_plans, "describe_launch", lambda *a: described.append(1))
+    monkeypatch.setattr(launch_plans, "REFUSED", set())
+    x = torch.empty(1)
+    for _ in range(3):
+        assert launch_plans.remember_forward(("triton-fwd", "k", 0.1), (None, (1, 1, 1), ()), x, x, x, x, x, ()) is None
+    assert len(described) == 1 and ("triton-fwd", "k", 0.1) in launch_plans.REFUSED
+
+
 AOT = r"""
 import json, struct, sys, types
 sys.path.insert(0, sys.argv[1])
