@@ -1,17 +1,21 @@
 #!/usr/bin/env python
 """Time the wgmma-ws forward (or, with --backward, backward) alone, in the library's config and grid, at a few
-shapes: one checkout against another.
+shapes: one checkout against another. ``--backend triton`` times the Triton kernels instead (autotuned, as
+``flash_attn_triton`` launches them).
 
     PYTHONPATH=. python tools/ws_forward_ab.py --label new                 # on a Hopper GPU, in this checkout
     (cd ../other && PYTHONPATH=. python ../main/tools/ws_forward_ab.py --label old)   # the same, in another one
     PYTHONPATH=. python tools/ws_forward_ab.py --label new --backward --window 256,256 --shapes 1x16x16384x128
+    FA_CUDA_LAUNCH_PLANS=0 PYTHONPATH=. python tools/ws_forward_ab.py --label new --backend triton
 
 Run it in two checkouts in turn, on the same machine (and once more in the first, to see the spread): the kernels
 compile from whichever checkout is on PYTHONPATH, so the two lines of a shape compare two versions of the kernel and
 its launch. Prints one line per shape: label, fwd or bwd, dtype, B, H, N, D, the mask (not-causal, causal, or the
 window), the median time in ms and TFLOP/s (4·B·H·N²·D, x0.5 causal, x2.5 backward, counting visible scores only, over
 the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``). The backward is the whole of it: its
-preprocess, the one-kernel wgmma_bwd_ws and the dQ store.
+preprocess, the one-kernel wgmma_bwd_ws and the dQ store (Triton: the preprocess and the dK/dV and dQ kernels).
+With ``--backend triton`` the first call of a shape tunes the kernels (their choice is then cached); the C++ launch
+plans are best left off (``FA_CUDA_LAUNCH_PLANS=0``): the graph then captures the Python launches.
 """
 from __future__ import annotations
 
@@ -28,16 +32,34 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
     ap.add_argument("--window", default="", help="one window L,R instead of not causal and causal (e.g. 256,256)")
+    ap.add_argument("--backend", default="cuda-wgmma-ws", choices=("cuda-wgmma-ws", "triton"),
+                    help="the kernels to time (default: %(default)s)")
     args = ap.parse_args(argv)
     import torch
     from triton.testing import do_bench_cudagraph
 
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (Hopper)")
-    from flash_attention_cuda import launch_specs
     from flash_attention_py.common import attention_flops
     from flash_attention_py.inputs import make_inputs
     from flash_attention_py.masks import window_for
+
+    if args.backend == "triton":
+        from flash_attention_triton import launch
+
+        def fwd(q, k, v, window, scale):
+            return launch._forward(q, k, v, window, scale)
+
+        def bwd(q, k, v, o, lse, do, window, scale):
+            return launch._backward(q, k, v, o, lse, do, window, scale)
+    else:
+        from flash_attention_cuda import launch_specs
+
+        def fwd(q, k, v, window, scale):
+            return launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")
+
+        def bwd(q, k, v, o, lse, do, window, scale):
+            return launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws")
 
     masks = [(f"window{args.window}", tuple(map(int, args.window.split(","))))] if args.window else \
         [("not-causal", window_for(False)), ("causal", window_for(True))]
@@ -49,11 +71,11 @@ def main(argv=None) -> int:
             q, k, v = x["q"], x["k"], x["v"]
             scale = D ** -0.5
             if args.backward:
-                o, lse = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")
-                call = lambda: launch_specs.run_backward(q, k, v, o, lse, x["do"], window, scale, "wgmma-ws")  # noqa: E731
+                o, lse = fwd(q, k, v, window, scale)
+                call = lambda: bwd(q, k, v, o, lse, x["do"], window, scale)  # noqa: E731
             else:
-                call = lambda: launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")  # noqa: E731
-            call()  # compiled and warm
+                call = lambda: fwd(q, k, v, window, scale)  # noqa: E731
+            call()  # compiled (Triton: tuned) and warm
             ms = do_bench_cudagraph(call, return_mode="median")
             flops = attention_flops(B, H, N, N, D, mode=mode, window_size=window)
             print(args.label, mode, args.dtype, B, H, N, D, name, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
