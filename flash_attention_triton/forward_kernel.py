@@ -7,13 +7,11 @@ loop, one program per outer iteration). BLOCK_M = Br, BLOCK_N = Bc.
 
 The online softmax runs in base 2 with the scale folded in:
 
-    scale_log2 = softmax_scale * log2(e),   exp(S * softmax_scale - m) = exp2(S * scale_log2 - m2)
+    S2_ij = S_ij * scale_log2,   scale_log2 = softmax_scale * log2(e)      exp(S * scale - m) = exp2(S2 - m2)
 
-A negative scale is folded into Q once (Q_i -> -Q_i, scale_log2 -> |scale_log2|: exact in every dtype), so
-the scale is never negative inside the loop and the row max commutes with it: m2 = rowmax(S) * scale_log2
-is the max of the scaled scores, bit for bit. Each score then costs one fused multiply-add and one
-``exp2`` (P = exp2(S * scale_log2 - m2)); lse is written in natural log at the end
-(lse = (m2 + log2(l)) * ln(2)).
+so each score costs one multiply and one ``exp2``; lse is written in natural log at the end
+(lse = (m2 + log2(l)) * ln(2)). The scale is signed: the scores are scaled before the row max is
+taken, so a negative (or zero) scale needs nothing else.
 
 The mask is a window (WINDOW_LEFT, WINDOW_RIGHT), bottom-right aligned (``masks.py``; causal =
 (-1, 0)). ``masks.kv_blocks`` splits the K/V blocks of a query block into three stages: partial blocks
@@ -51,22 +49,18 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
         cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n
         # load K_j (Bc, D)
         k = load_tile(K_ptr + cols[:, None] * stride_kn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        # S_ij = Q_i K_j^T  (Br, Bc), fp32 accumulate (unscaled: scale_log2 >= 0 here, see the caller)
-        S_ij = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        # S_ij = Q_i K_j^T  (Br, Bc), fp32 accumulate; then in base 2 with the signed scale folded in
+        S_ij = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2
         if MASKED:  # -inf where key j is past Nk or outside query i's window
-            seen = visible(offs_m[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT)
-            S_ij = tl.where(seen, S_ij, float("-inf"))
-        # m_new = max(m_i, rowmax(S_ij) * scale_log2)   (base 2; the max commutes with a scale >= 0;
-        # a row with no visible key keeps -inf, not -inf * 0 = NaN, at scale 0)
-        row_max = tl.max(S_ij, 1)
-        m_new = tl.maximum(m_i, tl.where(row_max == float("-inf"), float("-inf"), row_max * scale_log2))
+            S_ij = tl.where(visible(offs_m[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT),
+                            S_ij, float("-inf"))
+        # m_new = max(m_i, rowmax(S_ij))
+        m_new = tl.maximum(m_i, tl.max(S_ij, 1))
         # a row that has seen no key yet (or only -inf scores) keeps m = -inf: subtract 0 instead,
         # so exp2(-inf) = 0, not exp2(-inf + inf) = NaN
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        # P_ij = exp2(S_ij * scale_log2 - m_new)   (one fused multiply-add per score)
-        P_ij = tl.math.exp2(S_ij * scale_log2 - m_sub[:, None])
-        if MASKED:  # hidden keys give 0 (at scale 0, -inf * 0 would be NaN)
-            P_ij = tl.where(seen, P_ij, 0.0)
+        # P_ij = exp2(S_ij - m_new)
+        P_ij = tl.math.exp2(S_ij - m_sub[:, None])
         # alpha = exp2(m_old - m_new)
         alpha = tl.math.exp2(m_i - m_sub)
         # l_i = alpha * l_i + rowsum(P_ij)
@@ -113,9 +107,6 @@ def attn_fwd_kernel(
 
     # load Q_i (Br, D) once; it stays on chip for the whole K/V loop
     q = load_rows(Q, off_b, off_h, stride_qb, stride_qh, stride_qn, stride_qd, offs_m, Nq, offs_d, HEAD_DIM, BLOCK_D)
-    # a negative scale goes into Q: S * scale = (-Q K^T) * |scale|, so the loop's scale is >= 0
-    q = tl.where(scale_log2 < 0, -q, q)
-    scale_log2 = tl.where(scale_log2 < 0, -scale_log2, scale_log2)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running row sum of exp2(S2 - m)
