@@ -470,15 +470,20 @@ def _preset_targets(R, path, lang):
 TARGETS_HEADER = (("target", "目标"), ("measured", "实测"), ("met?", "达到？"))
 
 
+def _rounds_target(R, lang, path):
+    """The forward target's row from a rounds record (tools/forward_rounds.py) at ``path``."""
+    rounds = _forward_rounds(R, path)
+    return [H(lang, "the same, cuda-wgmma-ws beside FA2 and cuDNN alone, 3 rounds in turn, each with a whole "
+                    "timing's budget (tools/forward_rounds.py)",
+              "同上，只有 cuda-wgmma-ws、FA2 和 cuDNN，依次 3 轮，每轮都有一次完整计时的预算（tools/forward_rounds.py）"),
+            span(rounds, f2, "×"), _verdict(lang, rounds, 1.0)]
+
+
 def t_hopper_targets(R, lang):
     """The performance targets against the recorded Hopper table (docs/results/cuda/hopper_summary.json), with the
     rounds record, the head dims, the seeds' configuration and the host time."""
     out = _preset_targets(R, "cuda/hopper_summary.json", lang)
-    rounds = _forward_rounds(R)
-    out.insert(1, [H(lang, "the same, cuda-wgmma-ws beside FA2 and cuDNN alone, 3 rounds in turn, each with a whole "
-                           "timing's budget (tools/forward_rounds.py)",
-                     "同上，只有 cuda-wgmma-ws、FA2 和 cuDNN，依次 3 轮，每轮都有一次完整计时的预算（tools/forward_rounds.py）"),
-                   span(rounds, f2, "×"), _verdict(lang, rounds, 1.0)])
+    out.insert(1, _rounds_target(R, lang, FORWARD_ROUNDS))
     out.append(_head_dim_target(lang))
     out += _seed_targets(R, lang)
     out.append(_host_time_target(R, lang))
@@ -486,24 +491,27 @@ def t_hopper_targets(R, lang):
 
 
 H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 7c0ef42)
+FORWARD_ROUNDS = "cuda/forward_rounds/forward_rounds.json"  # tools/forward_rounds.py on an H100 (commit a15eac2)
+FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit af663ae)
 
 
 def t_hopper_targets_h200(R, lang):
-    """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER)."""
-    return table([H(lang, *h) for h in TARGETS_HEADER], _preset_targets(R, H200_HOPPER, lang))
+    """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER), with the H200's rounds record."""
+    out = _preset_targets(R, H200_HOPPER, lang)
+    out.insert(1, _rounds_target(R, lang, FORWARD_ROUNDS_H200))
+    return table([H(lang, *h) for h in TARGETS_HEADER], out)
 
 
-def _forward_rounds(R):
-    """cuda-wgmma-ws's forward over cuDNN's in the rounds record (cuda/forward_rounds), every row."""
-    return [r["tflops"]["cuda-wgmma-ws"] / r["tflops"]["sdpa-cudnn"]
-            for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"]]
+def _forward_rounds(R, path=FORWARD_ROUNDS):
+    """cuda-wgmma-ws's forward over cuDNN's in a rounds record (tools/forward_rounds.py), every row."""
+    return [r["tflops"]["cuda-wgmma-ws"] / r["tflops"]["sdpa-cudnn"] for r in R.json(path)["rows"]]
 
 
 def t_forward_rounds(R, lang):
     """The hopper preset's forward rows at N >= 4096 taken in rounds (tools/forward_rounds.py): TFLOP/s of the
     median of the rounds, and cuda-wgmma-ws over cuDNN."""
     out = []
-    for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"]:
+    for r in R.json(FORWARD_ROUNDS)["rows"]:
         t = r["tflops"]
         out.append([{"float16": "fp16", "bfloat16": "bf16"}[r["dtype"]], r["D"], r["N"],
                     H(lang, "yes" if r["causal"] else "no", "是" if r["causal"] else "否"),
@@ -514,13 +522,18 @@ def t_forward_rounds(R, lang):
     return table(header, out, right={4, 5, 6, 7})
 
 
-def forward_rounds_figures(R):
-    """The rounds record's figures quoted in prose."""
-    vals = _forward_rounds(R)
-    best = max(r["tflops"]["cuda-wgmma-ws"] for r in R.json("cuda/forward_rounds/forward_rounds.json")["rows"])
-    text = (f"{span(vals, f2, '×')} cuDNN, at or above 1.0× in {sum(v >= 1.0 for v in vals)} of {len(vals)} cases "
+def _rounds_text(R, path):
+    vals = _forward_rounds(R, path)
+    best = max(r["tflops"]["cuda-wgmma-ws"] for r in R.json(path)["rows"])
+    return (f"{span(vals, f2, '×')} cuDNN, at or above 1.0× in {sum(v >= 1.0 for v in vals)} of {len(vals)} cases "
             f"(up to {best:.0f} TFLOP/s)")
-    return [("docs/performance.md", text), ("README.md", text), ("docs/results/cuda/README.md", text)]
+
+
+def forward_rounds_figures(R):
+    """The rounds records' figures quoted in prose (the H100's, and the H200's in performance.md)."""
+    text, h200 = _rounds_text(R, FORWARD_ROUNDS), _rounds_text(R, FORWARD_ROUNDS_H200)
+    return [("docs/performance.md", text), ("README.md", text), ("docs/results/cuda/README.md", text),
+            ("docs/performance.md", h200), ("docs/results/cuda/README.md", h200)]
 
 
 def _head_dim_target(lang):
@@ -547,7 +560,7 @@ def _head_dim_target(lang):
 # the launch-overhead preset's latest record (7c0ef42: C++ launch plans for the CUDA rungs and Triton, their autograd
 # function timed in the backward): five runs with plans, each read against SDPA's FA2 of the same run (the machine's
 # host was not steady between runs)
-HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_triton_plans/run{i}_plans.txt" for i in (1, 3, 4, 6, 8))
+HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_rounds/run{i}_plans.txt" for i in (1, 3, 5))
 
 
 def _host_time_target(R, lang):
