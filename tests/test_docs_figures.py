@@ -104,7 +104,7 @@ def test_chinese_pages_get_the_same_numbers():
 def test_host_time_target_reads_forward_and_backward_lines(monkeypatch):
     """The hopper-targets host-time row: every forward and causal-backward line of each run of the launch-overhead
     record, the CUDA rungs and Triton apart, each over SDPA's FA2 of the same mode in the same run ('met' only
-    when none is slower)."""
+    when none is slower; where some are, each line's median ratio over the runs beside it)."""
     runs = {"a/run1.txt": (20.0, 15.0, 40.0, 100.0, 150.0, 90.0), "a/run2.txt": (10.0, 9.0, 30.0, 100.0, 95.0, 120.0)}
     monkeypatch.setattr(docs_tables, "HOST_TIME_RECORDS", tuple(runs))
 
@@ -119,7 +119,9 @@ def test_host_time_target_reads_forward_and_backward_lines(monkeypatch):
     label, measured, verdict = docs_tables._host_time_target(Fake(), "en")
     assert measured == ("forward: CUDA rungs 9–15 µs, Triton 30–40 (FA2 10–20); backward: CUDA rungs 95–150, "
                         "Triton 90–120 (FA2 100)")
-    assert verdict == ("no: CUDA rungs forward 0.75–0.90× (met); CUDA rungs backward 0.95–1.50× (1 of 2 above); "
-                       "Triton forward 2.00–3.00× (2 of 2 above); Triton backward 0.90–1.20× (1 of 2 above)")
+    assert verdict == ("no: CUDA rungs forward 0.75–0.90× (met); CUDA rungs backward 0.95–1.50× (1 of 2 above; each "
+                       "line's median over the runs 1.23×); Triton forward 2.00–3.00× (2 of 2 above; each line's "
+                       "median over the runs 2.50×); Triton backward 0.90–1.20× (1 of 2 above; each line's median "
+                       "over the runs 1.05×)")
 
 
