@@ -45,5 +45,7 @@ def __getattr__(name):
     if name in ("flash_attn_torch", "FlashAttnSplitFunction"):
         from . import torch_split
 
-        return getattr(torch_split, name)
+        value = getattr(torch_split, name)
+        globals()[name] = value  # later lookups find the attribute itself
+        return value
     raise AttributeError(f"module 'flash_attention_py' has no attribute {name!r}")

@@ -29,5 +29,7 @@ def __getattr__(name):
     if name in __all__:
         from . import attention
 
-        return getattr(attention, name)
+        value = getattr(attention, name)
+        globals()[name] = value  # later lookups find the attribute itself: this runs once per name (~2 us a call)
+        return value
     raise AttributeError(f"module 'flash_attention_triton' has no attribute {name!r}")
