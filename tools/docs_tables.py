@@ -557,9 +557,9 @@ def _head_dim_target(lang):
               "每个 CUDA tensor core 内核为 head 维度 32、64、96、128 和 256 编译，其余补零"), measured, verdict]
 
 
-# the launch-overhead preset's latest record (7c0ef42: C++ launch plans for the CUDA rungs and Triton, their autograd
-# function timed in the backward): five runs with plans, each read against SDPA's FA2 of the same run (the machine's
-# host was not steady between runs)
+# the launch-overhead preset's latest record (cedd63f: C++ launch plans for the CUDA rungs and Triton, their autograd
+# function timed in the backward, the forward lines on the public function itself): four runs with plans, each read
+# against SDPA's FA2 of the same run (the machine's host was not steady between runs)
 HOST_TIME_RECORDS = tuple(f"cuda/launch_overhead_public/run{i}_plans.txt" for i in (1, 3, 4, 5))
 
 
@@ -580,8 +580,9 @@ def _host_time_target(R, lang):
             who = "fa2" if name.startswith("sdpa") else "triton" if "triton" in name else "cuda"
             us[(who, bwd)].append(value)
             if who != "fa2":
-                ratios[(who, bwd)].append(value / host[fa2 + (back if bwd else "")])
-                per_line[(who, bwd)].setdefault(name, []).append(ratios[(who, bwd)][-1])
+                ratio = value / host[fa2 + (back if bwd else "")]
+                ratios[(who, bwd)].append(ratio)
+                per_line[(who, bwd)].setdefault(name, []).append(ratio)
     measured = H(lang, f"forward: CUDA rungs {span(us['cuda', False], f0)} µs, Triton {span(us['triton', False], f0)} "
                        f"(FA2 {span(us['fa2', False], f0)}); backward: CUDA rungs {span(us['cuda', True], f0)}, "
                        f"Triton {span(us['triton', True], f0)} (FA2 {span(us['fa2', True], f0)})",
