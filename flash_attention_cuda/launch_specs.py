@@ -52,7 +52,7 @@ from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_COR
                            auto_backward)
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
-           "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "WGMMA_WS_PAIRS_BALANCE", "WGMMA_WS_SECTION_BYTES", "WGMMA_WS_MAX_WALK", "MMA_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
+           "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "WGMMA_WS_PAIRS_BALANCE", "WGMMA_WS_SECTION_BYTES", "WGMMA_WS_MAX_WALK", "MMA_BACKWARD_CONFIGS", "MMA_FUSED_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
@@ -93,6 +93,10 @@ WGMMA_WS_DROPOUT_CONFIGS = {32: (128, 2, 2), 64: (128, 2, 2), 96: (128, 2, 2), 1
 # 32 rows (shared memory 128 KiB instead of 192) and the dK/dV kernel splits dK, dV's 256 columns over
 # dkdv_column_blocks(256) = 2 blocks (mma_backward.cu: 128 columns, as many registers as D = 128 takes).
 MMA_BACKWARD_CONFIGS = {32: (4, 64), 64: (4, 64), 96: (4, 64), 128: (4, 64), 256: (4, 32)}
+# the one-kernel mma backward (mma_bwd_fused, FlashAttention-2's warp layout): (warps, rows of the streamed Q tile)
+# per head dim, 8 warps and 128 keys a block (FlashAttention-2's own tiles: 128 queries at D = 64, 64 at D = 128);
+# D = 32 and 96 are zero-padded to 64 and 128 (capabilities.BACKWARD_HEAD_DIMS)
+MMA_FUSED_BACKWARD_CONFIGS = {64: (8, 128), 128: (8, 64)}
 # wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
 # keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
 # D = 256 (the two-kernel backward only): streamed tiles of 32 rows, so that a warpgroup's 128 accumulator registers
@@ -476,15 +480,20 @@ def mma_bwd_fused_preprocess(p: Problem) -> LaunchSpec:
 
 @_cached
 def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
-    """mma_backward.cu: mma_bwd_dkdv's blocks (config or MMA_BACKWARD_CONFIGS[D]) that also add every tile's
-    dQ_i += dS_ij K_j into the float32 dQaccum (B * Hq, Nq, D) atomically (FlashAttention-2's one kernel)."""
-    nw, tile = config or MMA_BACKWARD_CONFIGS[p.D]
+    """mma_backward.cu: FlashAttention-2's one kernel, (warps, tile) = config or MMA_FUSED_BACKWARD_CONFIGS[D]
+    (8 warps, Bc = 128 keys a block, Q tiles of 64 or 128 rows): dK, dV, and every tile's dQ_i += dS_ij K_j added
+    into the float32 dQaccum (B * Hq, Nq, D) atomically; one block row per K/V head, as mma_bwd_dkdv."""
+    nw, tile = config or MMA_FUSED_BACKWARD_CONFIGS[p.D]
+    if nw != 8 or tile not in (64, 128) or p.D not in MMA_FUSED_BACKWARD_CONFIGS:
+        raise ValueError(f"mma_bwd_fused: config must be (8, 64) or (8, 128) at D = 64 or 128, got {(nw, tile)} at "
+                         f"D = {p.D}")
     Bc = 16 * nw
-    # mma_bwd_dkdv's carve-up, then the dS tile: Bc rows of tile queries, 16-bit, + 16 bytes each (DsTile)
-    smem = (2 * Bc + 4 * tile) * p.D * 2 + 4 * tile * 4 + Bc * (2 * tile + 16)
+    # mma_bwd_fused's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D); sP, sdS (tile, Bc), all 16-bit; then sL
+    # and sDl 2 x tile floats each (lse and Delta)
+    smem = (2 * Bc + 4 * tile) * p.D * 2 + 2 * tile * Bc * 2 + 4 * tile * 4
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
     return LaunchSpec("mma_backward.cu", f"mma_bwd_fused<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
-                      (_cdiv(p.Nk, Bc) * dkdv_column_blocks(p.D), p.B * p.kv_heads), (32 * nw,), smem,
+                      (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (32 * nw,), smem,
                       _BWD_IN + ("dK", "dV", "dQaccum"), _tc_args(p))
 
 

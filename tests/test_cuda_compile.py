@@ -86,7 +86,10 @@ def test_launcher_configs_are_instantiated_for_nvcc():
               "mma_backward.cu": {f"mma_bwd_{kind}<{D}, {nw}, {tile}, {bf}>"
                                   for D, (nw, tile) in launcher.MMA_BACKWARD_CONFIGS.items()
                                   for kind in ("dkdv", "dq") for bf in ("false", "true")}
-              | {f"mma_bwd_preprocess<{D}, {bf}>" for D in launcher.MMA_BACKWARD_CONFIGS for bf in ("false", "true")},
+              | {f"mma_bwd_preprocess<{D}, {bf}>" for D in launcher.MMA_BACKWARD_CONFIGS for bf in ("false", "true")}
+              | {f"mma_bwd_fused<{D}, {nw}, {tile}, {bf}{flags}>"
+                 for D, (nw, tile) in launch_specs.MMA_FUSED_BACKWARD_CONFIGS.items() for bf in ("false", "true")
+                 for flags in ("", ", true", ", false, true", ", true, true")},
               "wgmma_backward.cu": {f"wgmma_bwd_{kind}<{D}, {nwg}, {tile}, {bf}>"
                                     for D, (nwg, tile) in launcher.WGMMA_BACKWARD_CONFIGS.items()
                                     for kind in ("dkdv", "dq") for bf in ("false", "true")}

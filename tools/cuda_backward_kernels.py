@@ -67,6 +67,12 @@ def main(argv=None) -> int:
         window, scale = window_for(causal), D ** -0.5
         ms = {mma: do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, mma))
               for mma in ("mma", "mma-fused")}
+        # the one-kernel mma backward's other Q tile at D = 64 (8 warps, 128 keys a block; at D = 128 a Q tile of 128
+        # rows spills 424 bytes a thread)
+        for tile in (64, 128) if D == 64 else ():
+            if (8, tile) != launch_specs.MMA_FUSED_BACKWARD_CONFIGS[D]:
+                ms[f"mma-fused Br{tile}"] = do_bench(
+                    lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "mma-fused", (8, tile)))
         for cfg in CONFIG_CANDIDATES["mma-backward"][None] if args.mma_configs else []:
             if tuple(cfg) == tuple(launch_specs.MMA_BACKWARD_CONFIGS[D]):
                 continue
@@ -101,7 +107,8 @@ def main(argv=None) -> int:
     names = list(dict.fromkeys(n for r in rows for n in r["tflops"]))
     md = [f"# CUDA backward kernels alone ({doc['gpu']}, B{B} H{H}, commit {commit}{' with local changes' if dirty else ''})",
           "", f"`{doc['command']}`; {doc['unit']}. wgmma RxT: R warpgroups per block, streamed tiles of T rows; "
-          f"mma: its library config {launch_specs.MMA_BACKWARD_CONFIGS}, mma WxT: W warps, tiles of T rows.", "",
+          f"mma: its library config {launch_specs.MMA_BACKWARD_CONFIGS}, mma WxT: W warps, tiles of T rows; mma-fused: "
+          f"{launch_specs.MMA_FUSED_BACKWARD_CONFIGS}, mma-fused BrT: Q tiles of T rows.", "",
           "| D | N | causal | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for r in rows:
         md.append(f"| {r['D']} | {r['N']} | {r['causal']} | "

@@ -1,6 +1,6 @@
 """Run compute-sanitizer (memcheck, racecheck and synccheck) over every kernel of the CUDA ladder.
 
-    PYTHONPATH=. python3 tools/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR] [--head-dims 256]
+    PYTHONPATH=. python3 tools/run_sanitizer.py [--tools memcheck,racecheck] [--log-dir DIR] [--head-dims 256] [--kernels mma]
 
 For each tool it re-runs this file with ``--inner`` under ``compute-sanitizer --tool TOOL`` and reads
 its ``ERROR SUMMARY``. The inner run launches every forward kernel (naive, tiled, mma and wgmma
@@ -10,7 +10,8 @@ D = 32, 64, 96, 128 and 256 (and odd D for the fp32 rungs), causal and not; and 
 heads, dropout) on the tensor-core rungs, forward and backward; the persistent wgmma-ws forward with two blocks
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
 left bound alone). --head-dims keeps only the cases of those head
-dims. Exit status 0 only if every tool reports 0 errors. Needs a GPU.
+dims; --kernels only those forward rungs (e.g. 'mma': its forward, both mma backwards and their variants, without
+the seed demo kernel and the wgmma-ws walks). Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 
     PYTHONPATH=. python3 tools/run_sanitizer.py --backend triton [--log-dir DIR]
 
@@ -56,7 +57,7 @@ VARIANT_KINDS = [  # (causal, window_size, dropout_p), one per case
 ]
 
 
-def inner(head_dims=None) -> int:
+def inner(head_dims=None, kernels=frozenset()) -> int:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,6 +73,8 @@ def inner(head_dims=None) -> int:
         if head_dims and D not in head_dims:
             continue
         for kernel, rung in RUNGS.items():
+            if kernels and kernel not in kernels:
+                continue
             if rung.hopper_only and not hopper:
                 continue  # wgmma: sm_90a only
             for dtype in rung.dtypes["cuda"]:
@@ -90,12 +93,14 @@ def inner(head_dims=None) -> int:
                                 continue
                             flash_attn_cuda_backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, kernel=b)
                             n += 3
-        if D <= 128:
+        if D <= 128 and not kernels:
             x = make_inputs(B, H, Nq, Nk, D, dtype="float32", kind="torch", device="cuda")
             seed_nomax_forward(x["q"], x["k"], x["v"])
             n += 1
     # the variants (window, grouped-query heads, dropout) on the tensor-core rungs, forward and backward
     for kernel in ("mma", "wgmma", "wgmma-ws") if hopper else ("mma",):
+        if kernels and kernel not in kernels:
+            continue
         for (B, Hq, Hk, Nq, Nk, D), (causal, window, p) in zip(VARIANT_CASES, VARIANT_KINDS):
             if head_dims and D not in head_dims:
                 continue
@@ -113,7 +118,7 @@ def inner(head_dims=None) -> int:
     # wgmma_ws_fwd's persistent walk: two or three blocks walk every work item (the K/V ring, the mbarriers' phases
     # and O's staging running on across items; with a right bound, pairs of rows blocks on two blocks, and on three
     # the items longest first in a snake, in sections of 3 heads)
-    if hopper:
+    if hopper and not kernels:
         from flash_attention_cuda import launch_specs, runtime
 
         sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM
@@ -138,7 +143,7 @@ def inner(head_dims=None) -> int:
     # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
     # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left
     # bound alone, whose last tiles of keys start first)
-    if hopper and (not head_dims or 64 in head_dims):
+    if hopper and not kernels and (not head_dims or 64 in head_dims):
         from flash_attention_cuda import launch_specs
 
         saved = launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS
@@ -207,13 +212,16 @@ def main() -> int:
     ap.add_argument("--log-dir", default=None, help="write each tool's full log here")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
     ap.add_argument("--head-dims", default="", help="only the CUDA cases of these head dims, e.g. '256' (default: all)")
+    ap.add_argument("--kernels", default="", help="only these forward rungs and their backwards, e.g. 'mma' "
+                    "(default: all)")
     ap.add_argument("--tool-timeout", type=float, default=None, help="seconds each tool may run (default: no limit)")
     ap.add_argument("--backend", choices=("cuda", "triton"), default="cuda",
                     help="the CUDA ladder's kernels (default) or the Triton kernels")
     args = ap.parse_args()
     head_dims = {int(d) for d in args.head_dims.split(",") if d}
+    kernels = frozenset(k for k in args.kernels.split(",") if k)
     if args.inner:
-        return triton_inner() if args.backend == "triton" else inner(head_dims)
+        return triton_inner() if args.backend == "triton" else inner(head_dims, kernels)
     ok = True
     summary = []
     if args.backend == "triton":  # compile every kernel once outside the sanitizer: the tools then load them
@@ -225,7 +233,7 @@ def main() -> int:
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
         cmd += [sys.executable, os.path.abspath(__file__), "--inner", "--head-dims", args.head_dims,
-                "--backend", args.backend]
+                "--kernels", args.kernels, "--backend", args.backend]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.tool_timeout)
             log, rc = res.stdout + res.stderr, res.returncode

@@ -78,10 +78,35 @@ __device__ __forceinline__ void mma_abt(float (&acc)[NT][4], unsigned sA, int a_
                                  [&](unsigned (&a)[4], int, int kk) { load_a<D>(a, sA, a_row0, kk); }, sB, b_row0);
 }
 
-// acc[m] (16 x DC) += A_m B for MT row tiles at once, the sum over 16 KS: A_m = 16 x 16 KS in registers (KS A
-// fragments, e.g. P or dS from pack_a), B = rows b_row0 .. b_row0 + 16 KS - 1 of tile sB (k = row, n = d),
-// columns col0 .. col0 + DC - 1 (all D by default; col0 a multiple of 16), through ldmatrix.trans; every B
-// fragment read feeds MT products.
+// acc[m] (16 x DC) += A_m B for MT row tiles at once, the sum over 16 KS: a_frag(a, m, kk) gives A_m's fragment
+// of k-step kk (rows 16 x columns 16 kk .. 16 kk + 15: from registers the caller holds, or read from a shared
+// tile), B = rows b_row0 .. b_row0 + 16 KS - 1 of tile sB (k = row, n = d), columns col0 .. col0 + DC - 1 (all D
+// by default; col0 a multiple of 16), through ldmatrix.trans; every B fragment read feeds MT products.
+template <int D, int KS, int MT, bool BF16, int DC, class AFrag>
+__device__ __forceinline__ void mma_ab_frags(float (&acc)[MT][DC / 8][4], AFrag a_frag, unsigned sB, int b_row0,
+                                             int col0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) a_frag(a[m], m, kk);
+#pragma unroll
+        for (int dp = 0; dp < DC / 16; ++dp) {
+            unsigned b[4];
+            const int b_row = b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(b, sB + swz<D>(b_row, col0 / 8 + dp * 2 + (lane >> 4)));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_16816<BF16>(acc[m][2 * dp], a[m], b[0], b[1]);
+                mma_16816<BF16>(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+// ... with every A_m in registers: a[m] = KS A fragments (e.g. P or dS from pack_a). Written out rather than as
+// mma_ab_frags with a lambda that copies a[m][kk]: that compiles to the same instructions in another order, and
+// mma.cu's forward is timed as it is.
 template <int D, int KS, int MT, bool BF16, int DC = D>
 __device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][DC / 8][4], const unsigned (&a)[MT][KS][4], unsigned sB,
                                             int b_row0, int col0 = 0) {

@@ -105,34 +105,8 @@ __device__ __forceinline__ Smem<D, STAY, STREAM> smem_layout(unsigned char* smem
     return {base, base + STAY * D * 2, stream0, stream0 + 2 * Smem<D, STAY, STREAM>::STREAM_BYTES};
 }
 
-// The one-kernel backward's third product, dQ_i += dS_ij K_j (FlashAttention-2's Algorithm 2):
-// dS_ij^T sits in the warps' registers with keys as rows (16 per warp), but dQ_i needs dS_ij with queries as rows
-// and the sum over all Bc keys of the block. So every warp writes its 16 rows of dS_ij^T (the A fragments of
-// dK's product, already 16-bit) into a shared tile sdS (Bc keys x Br queries, rows padded by 16 bytes so that
-// the 8 rows an ldmatrix reads fall in 8 different bank groups), the block syncs, and warp w then computes
-// dQ_i's rows 16 (w % RT) .. + 15 (RT = Br / 16 row tiles) over DC / (NWARPS / RT) of the block's DC columns,
-// reading dS_ij's A fragments with ldmatrix.trans (the tile is dS^T) and K_j from its shared tile, and adds
-// the float32 result into dQaccum (B Hq, Nq, D) with atomic adds, two columns at a time (red.global.add.v2.f32
-// on sm_90). The caller syncs before sdS is written again.
-template <int Br, int Bc>
-struct DsTile {
-    static constexpr int ROW_BYTES = Br * 2 + 16;  // one key's Br queries, 16-bit, + 16 bytes of padding
-    static constexpr unsigned BYTES = Bc * ROW_BYTES;
-};
-template <int Br, int KS>
-__device__ __forceinline__ void store_ds(unsigned sdS, int wkey, const unsigned (&a)[KS][4]) {
-    // a[kk]: the A fragments of dS_ij^T, rows = the warp's keys, columns = queries 16 kk .. 16 kk + 15
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    constexpr int RB = DsTile<Br, 1>::ROW_BYTES;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {  // x: (row g | g + 8) x (columns 2t | 2t + 8)
-            const int row = wkey + g + (x & 1) * 8, col = 16 * kk + 2 * t + (x >> 1) * 8;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + row * RB + col * 2), "r"(a[kk][x]) : "memory");
-        }
-}
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {  // p[0] += a, p[1] += b, atomically
+// p[0] += a, p[1] += b, atomically: two columns of dQaccum per instruction (red.global.add.v2.f32 on sm_90)
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 #else
@@ -140,38 +114,6 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {  // p[0] 
     atomicAdd(p + 1, b);
 #endif
 }
-template <int D, int NWARPS, int Br, int DC, bool BF16>
-__device__ __forceinline__ void add_dq(float* dq_rows, unsigned sdS, unsigned sK, int i0, int Nq, int col0) {
-    constexpr int Bc = 16 * NWARPS, RT = Br / 16, WPR = NWARPS / RT, WC = DC / WPR;  // WC columns per warp
-    static_assert(NWARPS % RT == 0 && DC % (16 * WPR) == 0, "warps per row tile");
-    constexpr int RB = DsTile<Br, Bc>::ROW_BYTES;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rt = warp % RT;
-    const int c0 = col0 + (warp / RT) * WC;  // the warp's first column of dQ_i
-    unsigned a[Bc / 16][4];                  // dS_ij rows 16 rt .. + 15 (queries) x all Bc keys
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {  // matrix lane / 8: keys + 8 (lane / 16), queries + 8 ((lane / 8) % 2)
-        const int key = 16 * kk + (lane >> 4) * 8 + (lane & 7), q = 16 * rt + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4_trans(a[kk], sdS + key * RB + q * 2);
-    }
-    // columns per pass: the fewest passes of at most 64 columns (32 accumulator registers beside dK_j and dV_j's;
-    // WC = 96 at D = 96: two of 48)
-    constexpr int PASSES = (WC + 63) / 64, CW = WC / PASSES;
-    static_assert(CW * PASSES == WC && CW % 16 == 0, "columns per pass");
-#pragma unroll
-    for (int c = c0; c < c0 + WC; c += CW) {
-        float dq[CW / 8][4];
-        zero(dq);
-        mma_ab<D, Bc / 16, BF16, CW>(dq, a, sK, 0, c);  // dQ_i (16 rows, CW columns) += dS_ij K_j
-#pragma unroll
-        for (int n = 0; n < CW / 8; ++n)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // rows g and g + 8
-                const int row = i0 + 16 * rt + acc_row(2 * h);
-                if (row < Nq) red_add2(dq_rows + (long long)row * D + c + acc_col(n, 0), dq[n][2 * h], dq[n][2 * h + 1]);
-            }
-    }
-}
-
 }  // namespace mma_bwd_detail
 
 // Delta_i = rowsum(dO_i o O_i) in fp32, one warp per row (O and dO 16-bit, (rows, D); bwd::delta_row).
@@ -217,14 +159,13 @@ __global__ void mma_bwd_dq_store(const float* __restrict__ dQaccum, unsigned sho
 // D = 256: a warp's 16 rows of dK_j and dV_j would be 256 fp32 registers per thread, more than a thread has. The
 // block then owns DC = 128 of their columns (NCOL = D / DC blocks per K/V tile, blockIdx.x = tile * NCOL + column
 // block): it still computes S^T and dP^T over all of D, so those two products run twice, once per half.
-// DQ (mma_bwd_fused): also dQ_i += dS_ij K_j into dQaccum for every tile pair (add_dq above).
 namespace mma_bwd_detail {
-template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT, bool GQA, bool DQ>
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT, bool GQA>
 __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                                            const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                                            const float* __restrict__ LSE, const float* __restrict__ Delta,
-                                           unsigned short* __restrict__ dK, unsigned short* __restrict__ dV,
-                                           float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
+                                           unsigned short* __restrict__ dK, unsigned short* __restrict__ dV, int Nq,
+                                           int Nk, float scale_log2,
                                            int window_left, int window_right, int group, float dropout_p,
                                            unsigned seed_lo, unsigned seed_hi) {
     constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
@@ -236,7 +177,6 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
     float* sL = reinterpret_cast<float*>(smem + Layout::BYTES);  // 2 x Br: lse in log2 units
     float* sDl = sL + 2 * Br;                                     // 2 x Br: Delta
-    const unsigned sdS = smem_u32(sDl + 2 * Br);                  // DQ: dS_ij^T (Bc, Br), 16-bit (DsTile)
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const int warp = threadIdx.x / 32;
@@ -265,9 +205,8 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
     float dk[DC / 8][4], dv[DC / 8][4];  // the warp's 16 rows of dK_j and dV_j (DC columns), summed over the group
     zero(dk);
     zero(dv);
-    // D = 32 and 64 (no dropout, no dQ sums): the warp's K_w and V_w in registers for the whole loop, D / 2 of
-    // them a thread
-    constexpr bool A_REGS = D <= 64 && !DROPOUT && !DQ;
+    // D = 32 and 64 (no dropout): the warp's K_w and V_w in registers for the whole loop, D / 2 of them a thread
+    constexpr bool A_REGS = D <= 64 && !DROPOUT;
     unsigned kA[A_REGS ? D / 16 : 1][4], vA[A_REGS ? D / 16 : 1][4];
     for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
         const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
@@ -289,11 +228,6 @@ __device__ __forceinline__ void dkdv_block(const unsigned short* __restrict__ Q,
             mma_ab<D, Br / 16, BF16, DC>(dv, a, db, 0, col0);  // dV_j += P_ij^T dO_i  (DROPOUT: (P_ij o Z / (1 - p))^T dO_i)
             pack_a<Br / 8, BF16>(a, dS_ij);
             mma_ab<D, Br / 16, BF16, DC>(dk, a, qb, 0, col0);  // dK_j += dS_ij^T Q_i  (times softmax_scale at the end)
-            if constexpr (DQ) {  // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sdS is rewritten)
-                store_ds<Br>(sdS, wkey, a);
-                __syncthreads();
-                add_dq<D, NWARPS, Br, DC, BF16>(dQaccum + bh * Nq * D, sdS, sK, i0, Nq, col0);
-            }
         });
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
         // the next query head (stream_loop has waited for its copies and synced after its last tile: the
@@ -316,24 +250,170 @@ __global__ void __launch_bounds__(NWARPS * 32)
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
                  unsigned short* __restrict__ dV, int Nq, int Nk, float scale_log2, int window_left,
                  int window_right, int group, float dropout_p, unsigned seed_lo, unsigned seed_hi) {
-    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, false>(
-        Q, K, V, dO, LSE, Delta, dK, dV, nullptr, Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
-        seed_lo, seed_hi);
+    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA>(Q, K, V, dO, LSE, Delta, dK, dV, Nq, Nk, scale_log2,
+                                                                  window_left, window_right, group, dropout_p,
+                                                                  seed_lo, seed_hi);
 }
 
-// The one-kernel backward: mma_bwd_dkdv's blocks, grid and shared memory (+ the dS tile, DsTile), and every tile
-// pair's dQ_i += dS_ij K_j added into dQaccum (float32 (B Hq, Nq, D), zeroed by mma_bwd_fused_preprocess).
+// The one-kernel backward, FlashAttention-2's Algorithm 2 with FlashAttention-2's warp layout: one block of 8 warps
+// per tile of Bc = 128 keys of K/V head blockIdx.y (= b Hk + hk; grid (ceil(Nk / Bc), B * Hk)), looping over the
+// group's query heads and, for each, over the Q tiles of Br queries that see any of the keys. For every tile pair
+// the block computes 5 products, each split over the 8 warps in its own way, so that a warp reads from shared
+// memory only the rows and columns its part needs:
+//   S_ij  = Q_i K_j^T, dP_ij = dO_i V_j^T    (Br x Bc)  warp (wm, wn) = (w / 4, w % 4): queries wm Br/2 .. + Br/2,
+//                                                        keys 32 wn .. + 31
+//   P_ij, dS_ij (bwd::p_and_ds) -> 16-bit tiles sP, sdS in shared memory (Br x Bc, queries as rows); sync
+//   dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i (Bc x D)    warp (wk, wd) = (w / 2, w % 2): keys 32 wk .. + 31,
+//                                                        columns wd D/2 .. + D/2 (A = P^T, dS^T: ldmatrix.trans)
+//   dQ_i += dS_ij K_j                         (Br x D)   warp (wq, wc) = (w / WC, w % WC), WC = 8 / (Br / 32):
+//                                                        queries 32 wq .. + 31, columns wc D/WC .. + D/WC, added
+//                                                        into dQaccum (float32 (B Hq, Nq, D), zeroed by
+//                                                        mma_bwd_fused_preprocess) with atomic adds
+// A warp of the two-kernel backward owns 16 rows and reads the whole streamed tile for each of its products; here
+// every product's operands are shared between warps in both directions: per tile pair, at D = 128 and Br = 64,
+// about 55 KB of shared-memory reads per MFLOP of the 5 products, against 98 for the two kernels' 7.
+// dQ's sums come in any order: dQ is not bitwise reproducible (dK and dV are). D = 64 and 128 (32 and 96 are
+// zero-padded by the launcher; D = 256's dK and dV would not fit in the warps' registers).
+namespace mma_bwd_detail {
+// mma_ab_frags' a_frag for A = the transpose of a (rows, 128) 16-bit swizzled tile (P^T of sP, dS^T of sdS):
+// A_m's fragment of k-step kk = the tile's columns row0 + 16 m .. + 15 (A's rows) x its rows 16 kk .. + 15
+__device__ __forceinline__ auto trans_a(unsigned sT, int row0) {
+    return [sT, row0](unsigned (&a)[4], int m, int kk) {
+        const int lane = threadIdx.x % 32;  // matrix lane / 8: tile rows + 8 (lane / 16), tile columns + 8 ((lane / 8) % 2)
+        const int r = 16 * kk + (lane & 7) + ((lane >> 4) & 1) * 8, c = row0 + 16 * m + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(a, sT + swz<128>(r, c / 8));
+    };
+}
+// the warp's 16 x 8NT fp32 block at (row0, col0) of a 16-bit (rows, 128) swizzled tile, packed in pairs
+template <int NT, bool BF16>
+__device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4], int row0, int col0) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+            const int r = row0 + acc_row(2 * h), c = col0 + acc_col(n, 0);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sT + swz<128>(r, c / 8) + (c % 8) * 2),
+                         "r"(pack2<BF16>(acc[n][2 * h], acc[n][2 * h + 1]))
+                         : "memory");
+        }
+}
+}  // namespace mma_bwd_detail
+
 template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
-__global__ void __launch_bounds__(NWARPS * 32)
+__global__ void __launch_bounds__(NWARPS * 32, 1)
     mma_bwd_fused(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                   const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
                   const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
                   unsigned short* __restrict__ dV, float* __restrict__ dQaccum, int Nq, int Nk, float scale_log2,
                   int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
                   unsigned seed_hi) {
-    mma_bwd_detail::dkdv_block<D, NWARPS, Br, BF16, DROPOUT, GQA, true>(
-        Q, K, V, dO, LSE, Delta, dK, dV, dQaccum, Nq, Nk, scale_log2, window_left, window_right, group, dropout_p,
-        seed_lo, seed_hi);
+    using namespace mma_bwd_detail;
+    static_assert(NWARPS == 8 && (D == 64 || D == 128) && (Br == 64 || Br == 128), "8 warps, D 64 or 128");
+    constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
+    constexpr int MS = Br / 32;              // S, dP: m16 tiles a warp (Br / 2 queries), 4 n8 tiles (32 keys)
+    constexpr int WC = 8 / (Br / 32), DQC = D / WC;  // dQ: warps across D, columns a warp
+    extern __shared__ __align__(128) unsigned char smem[];
+    using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
+    constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
+    const Layout sm = smem_layout<D, Bc, Br>(smem);
+    const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
+    const unsigned sP = smem_u32(smem) + Layout::BYTES, sdS = sP + Br * Bc * 2;  // (Br, Bc) 16-bit, swz<128>
+    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES + 2 * Br * Bc * 2);  // 2 x Br: lse in log2 units
+    float* sDl = sL + 2 * Br;                                                     // 2 x Br: Delta
+
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    const int warp = threadIdx.x / 32;
+    const int k0 = blockIdx.x * Bc;
+    const int s_row = (warp / 4) * (Br / 2), s_col = (warp % 4) * 32;  // the warp's block of S_ij, dP_ij
+    const int kv_row = (warp / 2) * 32, kv_col = (warp % 2) * (D / 2);  // ... of dK_j, dV_j
+    const int q_row = (warp / WC) * 32, q_col = (warp % WC) * DQC;      // ... of dQ_i
+    const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
+    const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
+    long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
+    const unsigned short *q = Q + bh * Nq * D, *dout = dO + bh * Nq * D;
+    const float *lse = LSE + bh * Nq, *delta = Delta + bh * Nq;
+    float* dq_rows = dQaccum + bh * Nq * D;
+    const TileSpan tiles = q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
+
+    const auto stream = [&](int it, int b) {  // Q_i, dO_i, lse2 and Delta of Q tile `it` of head bh into buffer b
+        const int i0 = (tiles.first + it) * Br;
+        load_tile_async<Br, D, NTHREADS>(sQ + b * Q_BYTES, q, i0, Nq);
+        load_tile_async<Br, D, NTHREADS>(sdO + b * Q_BYTES, dout, i0, Nq);
+        load_rows<Br>(sL + b * Br, sDl + b * Br, lse, delta, i0, Nq);
+    };
+    load_tile_async<Bc, D, NTHREADS>(sK, k, k0, Nk);  // K_j and V_j stay for every query head of the group
+    load_tile_async<Bc, D, NTHREADS>(sV, v, k0, Nk);
+    if (tiles.count > 0) stream(0, 0);
+    cp_async_commit();
+
+    float dk[2][D / 16][4], dv[2][D / 16][4];  // the warp's 32 keys x D/2 columns of dK_j and dV_j
+#pragma unroll
+    for (int m = 0; m < 2; ++m) zero(dk[m]), zero(dv[m]);
+    for (int g = 0;;) {  // the group's query heads (GQA false: group 1, one pass)
+        const Dropout drop = make_dropout(dropout_p, seed_lo, seed_hi, bh, Nq, Nk);  // read only if DROPOUT
+        stream_loop(tiles.count, stream, [&](int it, int buf) {
+            const int i0 = (tiles.first + it) * Br;
+            const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
+            {
+                // S_ij = Q_i K_j^T, dP_ij = dO_i V_j^T: the warp's Br/2 queries x 32 keys
+                float P_ij[MS][4][4], dS_ij[MS][4][4];  // hold S_ij and dP_ij first
+#pragma unroll
+                for (int m = 0; m < MS; ++m) zero(P_ij[m]), zero(dS_ij[m]);
+                mma_abt_rows<D, 4, MS, BF16>(
+                    P_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, qb, s_row + 16 * m, kk); }, sK, s_col);
+                mma_abt_rows<D, 4, MS, BF16>(
+                    dS_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, db, s_row + 16 * m, kk); }, sV, s_col);
+#pragma unroll
+                for (int m = 0; m < MS; ++m) {
+                    const int r = s_row + 16 * m;
+                    float lse2[2], delta_i[2];  // this thread's two query rows g, g + 8
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        lse2[h] = sL[buf * Br + r + acc_row(2 * h)];
+                        delta_i[h] = sDl[buf * Br + r + acc_row(2 * h)];
+                    }
+                    // P_ij = exp2(S_ij scale_log2 - lse2_i), dS_ij = P_ij o (dP_ij - Delta_i)  (DROPOUT: bwd::p_and_ds)
+                    bwd::p_and_ds<false, DROPOUT>(P_ij[m], dS_ij[m], lse2, delta_i, scale_log2, mask, i0 + r,
+                                                  k0 + s_col, drop);
+                    store_tile<4, BF16>(sP, P_ij[m], r, s_col);
+                    store_tile<4, BF16>(sdS, dS_ij[m], r, s_col);
+                }
+            }
+            __syncthreads();  // sP and sdS hold the whole (Br, Bc) tile
+            // dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i  (dK times softmax_scale at the end)
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, 0, kv_col);
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a(sdS, kv_row), qb, 0, kv_col);
+            // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sP, sdS are written again)
+            float dq[2][DQC / 8][4];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) zero(dq[m]);
+            mma_ab_frags<D, Bc / 16, 2, BF16, DQC>(
+                dq, [&](unsigned (&a)[4], int m, int kk) { load_a<Bc>(a, sdS, q_row + 16 * m, kk); }, sK, 0, q_col);
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < DQC / 8; ++n)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                        const int row = i0 + q_row + 16 * m + acc_row(2 * h);
+                        if (row < Nq)
+                            red_add2(dq_rows + (long long)row * D + q_col + acc_col(n, 0), dq[m][n][2 * h],
+                                     dq[m][n][2 * h + 1]);
+                    }
+        });
+        if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
+        // the next query head (stream_loop has waited for its copies and synced after its last tile)
+        ++bh;
+        q += Nq * D, dout += Nq * D, lse += Nq, delta += Nq, dq_rows += Nq * D;
+        if (tiles.count > 0) stream(0, 0);
+        cp_async_commit();
+    }
+    const float softmax_scale = scale_log2 * FA_LN2;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {  // dK_j = softmax_scale * dS^T Q
+        store_rows<D, BF16, D / 2>(dK + bkv * Nk * D, dk[m], k0 + kv_row + 16 * m, Nk, softmax_scale, kv_col);
+        store_rows<D, BF16, D / 2>(dV + bkv * Nk * D, dv[m], k0 + kv_row + 16 * m, Nk, 1.0f, kv_col);
+    }
 }
 
 // dQ_i for one tile of Br = 16 NWARPS queries (warp w: queries 16w .. 16w + 15), looping over the tiles of Bc
@@ -435,22 +515,16 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #define FA_MMA_FUSED_INST(D, T, BF)                                                                                 \
     template __global__ void mma_bwd_fused_preprocess<D, BF>(const unsigned short*, const unsigned short*, float*, \
                                                              float*, long long);                                    \
-    template __global__ void mma_bwd_fused<D, 4, T, BF> FA_MMA_FUSED_PARAMS;                                        \
-    template __global__ void mma_bwd_fused<D, 4, T, BF, true> FA_MMA_FUSED_PARAMS;                                  \
-    template __global__ void mma_bwd_fused<D, 4, T, BF, false, true> FA_MMA_FUSED_PARAMS;                           \
-    template __global__ void mma_bwd_fused<D, 4, T, BF, true, true> FA_MMA_FUSED_PARAMS;
+    template __global__ void mma_bwd_fused<D, 8, T, BF> FA_MMA_FUSED_PARAMS;                                        \
+    template __global__ void mma_bwd_fused<D, 8, T, BF, true> FA_MMA_FUSED_PARAMS;                                  \
+    template __global__ void mma_bwd_fused<D, 8, T, BF, false, true> FA_MMA_FUSED_PARAMS;                           \
+    template __global__ void mma_bwd_fused<D, 8, T, BF, true, true> FA_MMA_FUSED_PARAMS;
 template __global__ void mma_bwd_dq_store<false>(const float*, unsigned short*, long long, float);
 template __global__ void mma_bwd_dq_store<true>(const float*, unsigned short*, long long, float);
-FA_MMA_FUSED_INST(32, 64, false)
-FA_MMA_FUSED_INST(32, 64, true)
-FA_MMA_FUSED_INST(64, 64, false)
-FA_MMA_FUSED_INST(64, 64, true)
-FA_MMA_FUSED_INST(96, 64, false)
-FA_MMA_FUSED_INST(96, 64, true)
+FA_MMA_FUSED_INST(64, 128, false)
+FA_MMA_FUSED_INST(64, 128, true)
 FA_MMA_FUSED_INST(128, 64, false)
 FA_MMA_FUSED_INST(128, 64, true)
-FA_MMA_FUSED_INST(256, 32, false)
-FA_MMA_FUSED_INST(256, 32, true)
 FA_MMA_BWD_INST(32, 64, false)
 FA_MMA_BWD_INST(32, 64, true)
 FA_MMA_BWD_INST(64, 64, false)
