@@ -92,6 +92,28 @@ __device__ __forceinline__ void load_rows(float* sL, float* sDl, const float* ls
     for (int r = threadIdx.x; r < ROWS; r += blockDim.x) query_row(sL[r], sDl[r], lse, delta, row0 + r, Nq);
 }
 
+// ... the same without waiting: lse (natural log) and Delta of queries [row0, row0 + ROWS) copied as they are by
+// cp.async into the shared arrays sL and sDl (rows >= Nq get 0), in the caller's copy group. A load_rows in a
+// double-buffered loop stalls the block once a tile on the load's round trip (the store to shared memory waits
+// for it, and the block's barrier for that store); these copies land with the tiles. Read them back with
+// query_row_smem.
+template <int ROWS>
+__device__ __forceinline__ void load_rows_async(unsigned sL, unsigned sDl, const float* lse, const float* delta,
+                                                int row0, int Nq) {
+    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
+        const bool in = row0 + r < Nq;
+        ptx::cp_async_4(sL + 4 * r, in ? lse + row0 + r : lse, in ? 4 : 0);
+        ptx::cp_async_4(sDl + 4 * r, in ? delta + row0 + r : delta, in ? 4 : 0);
+    }
+}
+// lse in log2 units and Delta of row r of a tile from row0 on, from load_rows_async's copies (as query_row)
+__device__ __forceinline__ void query_row_smem(float& lse2, float& delta_i, const float* sL, const float* sDl, int r,
+                                               int row0, int Nq) {
+    const bool in = row0 + r < Nq;
+    lse2 = in ? lse2_of(sL[r]) : FA_POS_INF;
+    delta_i = in ? sDl[r] : 0.0f;
+}
+
 // whether the warp's 16 x 8NT block at (row0, col0) must apply the mask pair by pair (masks.cuh's needs_mask)
 template <bool KEY_ROWS, int NT>
 __device__ __forceinline__ bool tile_needs_mask(const fa::Mask& mask, int row0, int col0) {

@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
     const Layout sm = smem_layout<D, Bc, Br>(smem);
     const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
     const unsigned sP = smem_u32(smem) + Layout::BYTES, sdS = sP + Br * Bc * 2;  // (Br, Bc) 16-bit, swz<128>
-    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES + 2 * Br * Bc * 2);  // 2 x Br: lse in log2 units
+    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES + 2 * Br * Bc * 2);  // 2 x Br: lse (load_rows_async)
     float* sDl = sL + 2 * Br;                                                     // 2 x Br: Delta
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
         const int i0 = (tiles.first + it) * Br;
         load_tile_async<Br, D, NTHREADS>(sQ + b * Q_BYTES, q, i0, Nq);
         load_tile_async<Br, D, NTHREADS>(sdO + b * Q_BYTES, dout, i0, Nq);
-        load_rows<Br>(sL + b * Br, sDl + b * Br, lse, delta, i0, Nq);
+        load_rows_async<Br>(smem_u32(sL + b * Br), smem_u32(sDl + b * Br), lse, delta, i0, Nq);  // as they are
     };
     load_tile_async<Bc, D, NTHREADS>(sK, k, k0, Nk);  // K_j and V_j stay for every query head of the group
     load_tile_async<Bc, D, NTHREADS>(sV, v, k0, Nk);
@@ -368,10 +368,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
                     const int r = s_row + 16 * m;
                     float lse2[2], delta_i[2];  // this thread's two query rows g, g + 8
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        lse2[h] = sL[buf * Br + r + acc_row(2 * h)];
-                        delta_i[h] = sDl[buf * Br + r + acc_row(2 * h)];
-                    }
+                    for (int h = 0; h < 2; ++h)
+                        query_row_smem(lse2[h], delta_i[h], sL + buf * Br, sDl + buf * Br, r + acc_row(2 * h), i0, Nq);
                     // P_ij = exp2(S_ij scale_log2 - lse2_i), dS_ij = P_ij o (dP_ij - Delta_i)  (DROPOUT: bwd::p_and_ds)
                     bwd::p_and_ds<false, DROPOUT>(P_ij[m], dS_ij[m], lse2, delta_i, scale_log2, mask, i0 + r,
                                                   k0 + s_col, drop);
