@@ -15,6 +15,7 @@
     auto_backward(dtype, D, cc)          what kernel='auto' runs: HOPPER_BACKWARD / HOPPER_WIDE_BACKWARD on a
                                          Hopper, else mma, else tiled
     TENSOR_CORE_HEAD_DIMS, BACKWARD_HEAD_DIMS   the head dims the tensor-core kernels are compiled for
+    mma_auto_backward(D, cc)             what the mma rung's autograd runs ('mma-auto'): 'mma-fused' or 'mma'
     BACKWARD_OF      a forward rung -> the backward its autograd runs
     cuda_unavailable_reason(), probe functions for the registry and the tests
 
@@ -33,7 +34,7 @@ from flash_attention_py.validation import FLOAT_DTYPES
 __all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "TENSOR_CORE_BACKWARDS",
            "HOPPER",
            "TENSOR_CORE_HEAD_DIMS", "BACKWARD_HEAD_DIMS", "is_hopper",
-           "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward",
+           "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward", "mma_auto_backward", "MMA_FUSED_CCS",
            "HOPPER_BACKWARD", "HOPPER_WIDE_BACKWARD", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
@@ -204,5 +205,17 @@ HOPPER_BACKWARD = "wgmma-ws"
 # kernel splits the columns over two blocks)
 HOPPER_WIDE_BACKWARD = "wgmma"
 # The backward a forward rung's autograd runs: the mma rung keeps its own (mma_backward.cu), so the ladder's
-# rungs stay apart in a benchmark; the others take kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
-BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma", "wgmma": "auto", "wgmma-ws": "auto"}
+# rungs stay apart in a benchmark: 'mma-auto', mma_auto_backward's choice between its two; the others take
+# kernel='auto' (wgmma on a Hopper; the fp32 rungs: tiled).
+BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma-auto", "wgmma": "auto", "wgmma-ws": "auto"}
+# the GPUs whose blocks hold mma_bwd_fused's 162 KiB of shared memory (A100; H100, H200)
+MMA_FUSED_CCS = ((8, 0), (9, 0))
+
+
+def mma_auto_backward(D: int, cc) -> str:
+    """The mma rung's backward ('mma-auto'): the one-kernel mma backward ('mma-fused', FlashAttention-2's warp
+    layout) at the head dims it is built for (64, 128) on the GPUs that hold its shared memory, faster than the two
+    kernels at every measured shape (H200, fp16, D 64 and 128, N 1024 and 4096: tools/cuda_backward_kernels.py,
+    docs/results/cuda/mma_backward/); the two kernels ('mma') at other head dims, where the one kernel would
+    pad (32, 96) or cannot hold dK and dV (256)."""
+    return "mma-fused" if D in MMA_ONE_KERNEL_HEAD_DIMS and _as_pair(cc) in MMA_FUSED_CCS else "mma"

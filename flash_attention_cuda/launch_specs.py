@@ -49,7 +49,7 @@ from flash_attention_py.validation import dtype_name
 
 from . import launch_plans, runtime
 from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS,
-                           auto_backward)
+                           auto_backward, mma_auto_backward)
 
 __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
            "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "WGMMA_WS_PAIRS_BALANCE", "WGMMA_WS_SECTION_BYTES", "WGMMA_WS_MAX_WALK", "MMA_BACKWARD_CONFIGS", "MMA_FUSED_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
@@ -760,6 +760,8 @@ def backward_plan(kernel: str, dtype: str, q_shape: tuple, k_shape: tuple, cc: t
     ``dtype``, on a GPU of compute capability ``cc``), cached: a training loop builds it once."""
     if kernel == "auto":
         kernel = auto_backward(dtype, q_shape[-1], cc)
+    elif kernel == "mma-auto":  # the mma rung's own backward (capabilities.BACKWARD_OF)
+        kernel = mma_auto_backward(q_shape[-1], cc)
     if kernel not in TENSOR_CORE_BACKWARDS + ("tiled",):
         raise ValueError(f"run_backward: kernel must be 'wgmma', 'wgmma-fused', 'wgmma-ws', 'mma', 'mma-fused', "
                          f"'tiled' or 'auto', got {kernel!r}")
