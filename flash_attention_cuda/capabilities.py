@@ -146,9 +146,9 @@ _ALL_VARIANTS = ("causal", "window", "gqa", "dropout")
 # product cuts K_j's 32-column panels at D = 32 and 96 as wgmma_backward.cu's DqReduce says).
 TENSOR_CORE_HEAD_DIMS = (32, 64, 96, 128, 256)
 WGMMA_ONE_KERNEL_HEAD_DIMS = (32, 64, 96, 128)
-# the one-kernel mma backward (mma_bwd_fused, FlashAttention-2's warp layout) is built for D = 64 and 128; 32 and 96
-# are zero-padded to them
-MMA_ONE_KERNEL_HEAD_DIMS = (64, 128)
+# ... and the one-kernel mma backward (mma_bwd_fused, FlashAttention-2's warp layout), whose 8 warps hold 128 keys of
+# dK and dV, the same
+MMA_ONE_KERNEL_HEAD_DIMS = (32, 64, 96, 128)
 BACKWARD_HEAD_DIMS = {"wgmma": TENSOR_CORE_HEAD_DIMS, "wgmma-fused": WGMMA_ONE_KERNEL_HEAD_DIMS,
                       "wgmma-ws": WGMMA_ONE_KERNEL_HEAD_DIMS, "mma": TENSOR_CORE_HEAD_DIMS,
                       "mma-fused": MMA_ONE_KERNEL_HEAD_DIMS}

@@ -95,8 +95,8 @@ WGMMA_WS_DROPOUT_CONFIGS = {32: (128, 2, 2), 64: (128, 2, 2), 96: (128, 2, 2), 1
 MMA_BACKWARD_CONFIGS = {32: (4, 64), 64: (4, 64), 96: (4, 64), 128: (4, 64), 256: (4, 32)}
 # the one-kernel mma backward (mma_bwd_fused, FlashAttention-2's warp layout): (warps, rows of the streamed Q tile)
 # per head dim, 8 warps and 128 keys a block (FlashAttention-2's own tiles: 128 queries at D = 64, 64 at D = 128);
-# D = 32 and 96 are zero-padded to 64 and 128 (capabilities.BACKWARD_HEAD_DIMS)
-MMA_FUSED_BACKWARD_CONFIGS = {64: (8, 128), 128: (8, 64)}
+# D = 32 and 96 (not swept): the tiles of D = 64 and 128
+MMA_FUSED_BACKWARD_CONFIGS = {32: (8, 128), 64: (8, 128), 96: (8, 64), 128: (8, 64)}
 # wgmma backward: (warpgroups per block, rows of the tile each kernel streams); each block holds 64 * warpgroups
 # keys (dK/dV kernel) or queries (dQ kernel) and streams tiles of the other side.
 # D = 256 (the two-kernel backward only): streamed tiles of 32 rows, so that a warpgroup's 128 accumulator registers
@@ -485,8 +485,8 @@ def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     into the float32 dQaccum (B * Hq, Nq, D) atomically; one block row per K/V head, as mma_bwd_dkdv."""
     nw, tile = config or MMA_FUSED_BACKWARD_CONFIGS[p.D]
     if nw != 8 or tile not in (64, 128) or p.D not in MMA_FUSED_BACKWARD_CONFIGS:
-        raise ValueError(f"mma_bwd_fused: config must be (8, 64) or (8, 128) at D = 64 or 128, got {(nw, tile)} at "
-                         f"D = {p.D}")
+        raise ValueError(f"mma_bwd_fused: config must be (8, 64) or (8, 128) at D = 32, 64, 96 or 128, got "
+                         f"{(nw, tile)} at D = {p.D}")
     Bc = 16 * nw
     # mma_bwd_fused's carve-up: sK, sV (Bc, D); sQ, sdO 2 x (tile, D); sP, sdS (tile, Bc), all 16-bit; then sL
     # and sDl 2 x tile floats each (lse and Delta)

@@ -434,16 +434,13 @@ def test_backward_plan_is_built_once_and_packs_the_scratch_buffers(recorded_laun
                                       (160, 256), (256, 256)])
 def test_tensor_core_head_dims_pad_to_the_compiled_ones(D, padded):
     """The forward tensor-core kernels and the two-kernel backwards (mma, wgmma) are compiled for D = 32, 64, 96, 128
-    and 256; the one-kernel wgmma backwards (whose dK, dV and dQ tiles share a block) for the same up to 128; the
-    one-kernel mma backward for 64 and 128 (32 and 96 padded to them)."""
+    and 256; the one-kernel backwards (whose dK, dV and dQ tiles share a block) for the same up to 128."""
     assert launch_specs.padded_head_dim(D) == padded
     for kernel in ("mma", "wgmma"):
         assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == padded
-    for kernel in ("wgmma-fused", "wgmma-ws"):
+    for kernel in ("mma-fused", "wgmma-fused", "wgmma-ws"):
         if D <= 128:
             assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS[kernel]) == padded
-    if D <= 128:
-        assert launch_specs.padded_head_dim(D, BACKWARD_HEAD_DIMS["mma-fused"]) == (64 if D <= 64 else 128)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 256, got 257"):
         launch_specs.padded_head_dim(257)
     with pytest.raises(ValueError, match="padded_head_dim: the kernel takes D <= 128, got 160"):

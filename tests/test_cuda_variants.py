@@ -196,9 +196,8 @@ def test_forward_variants(kernel, dtype, D, case):
     _check("lse", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
 
 
-# the backwards and the head dims they take: the one-kernel ones D <= 128 (mma-fused: 32 and 96 padded to 64 and
-# 128), the two-kernel mma and wgmma ones D <= 256 (at D = 256 their dK/dV kernel splits the columns over two
-# blocks); every one of them D = 32, 64, 96 and 128
+# the backwards and the head dims they take: the one-kernel ones D <= 128, the two-kernel mma and wgmma ones D <= 256
+# (at D = 256 their dK/dV kernel splits the columns over two blocks); every one of them D = 32, 64, 96 and 128
 BACKWARD_DIMS = [pytest.param(*kernel.values, D, id=f"{kernel.values[0]}-d{D}", marks=kernel.marks)
                  for kernel in (pytest.param("mma"), pytest.param("mma-fused"), WGMMA, WGMMA_FUSED, WGMMA_WS)
                  for D in (32, 64, 96, 128)] + \

@@ -266,14 +266,15 @@ __global__ void __launch_bounds__(NWARPS * 32)
 //   dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i (Bc x D)    warp (wk, wd) = (w / 2, w % 2): keys 32 wk .. + 31,
 //                                                        columns wd D/2 .. + D/2 (A = P^T, dS^T: ldmatrix.trans)
 //   dQ_i += dS_ij K_j                         (Br x D)   warp (wq, wc) = (w / WC, w % WC), WC = 8 / (Br / 32):
-//                                                        queries 32 wq .. + 31, columns wc D/WC .. + D/WC, added
+//                                                        queries 32 wq .. + 31, columns wc D/WC .. + D/WC (D = 96:
+//                                                        16 queries, WC = 8 / (Br / 16)), added
 //                                                        into dQaccum (float32 (B Hq, Nq, D), zeroed by
 //                                                        mma_bwd_fused_preprocess) with atomic adds
 // A warp of the two-kernel backward owns 16 rows and reads the whole streamed tile for each of its products; here
 // every product's operands are shared between warps in both directions: per tile pair, at D = 128 and Br = 64,
 // about 55 KB of shared-memory reads per MFLOP of the 5 products, against 98 for the two kernels' 7.
-// dQ's sums come in any order: dQ is not bitwise reproducible (dK and dV are). D = 64 and 128 (32 and 96 are
-// zero-padded by the launcher; D = 256's dK and dV would not fit in the warps' registers).
+// dQ's sums come in any order: dQ is not bitwise reproducible (dK and dV are). D = 32, 64, 96 and 128 (D = 256's
+// dK and dV would not fit in the warps' registers).
 namespace mma_bwd_detail {
 // mma_ab_frags' a_frag for A = the transpose of a (rows, 128) 16-bit swizzled tile (P^T of sP, dS^T of sdS):
 // A_m's fragment of k-step kk = the tile's columns row0 + 16 m .. + 15 (A's rows) x its rows 16 kk .. + 15
@@ -308,10 +309,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
                   int window_left, int window_right, int group, float dropout_p, unsigned seed_lo,
                   unsigned seed_hi) {
     using namespace mma_bwd_detail;
-    static_assert(NWARPS == 8 && (D == 64 || D == 128) && (Br == 64 || Br == 128), "8 warps, D 64 or 128");
+    static_assert(NWARPS == 8 && D % 32 == 0 && D <= 128 && (Br == 64 || Br == 128), "8 warps, D 32 .. 128");
     constexpr int Bc = 16 * NWARPS, NTHREADS = NWARPS * 32;
-    constexpr int MS = Br / 32;              // S, dP: m16 tiles a warp (Br / 2 queries), 4 n8 tiles (32 keys)
-    constexpr int WC = 8 / (Br / 32), DQC = D / WC;  // dQ: warps across D, columns a warp
+    constexpr int MS = Br / 32;  // S, dP: m16 tiles a warp (Br / 2 queries), 4 n8 tiles (32 keys)
+    // dQ: MQ m16 tiles (16 MQ queries) a warp, WC warps across D, DQC columns each (a multiple of 16: 2 m16 tiles a
+    // warp, or 1 where that would leave D / WC = 24 columns, at D = 96)
+    constexpr int MQ = (D / (8 / (Br / 32))) % 16 == 0 ? 2 : 1, WC = 8 / (Br / (16 * MQ)), DQC = D / WC;
+    static_assert(DQC % 16 == 0, "dQ columns a warp");
     extern __shared__ __align__(128) unsigned char smem[];
     using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
     constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
@@ -326,7 +330,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
     const int k0 = blockIdx.x * Bc;
     const int s_row = (warp / 4) * (Br / 2), s_col = (warp % 4) * 32;  // the warp's block of S_ij, dP_ij
     const int kv_row = (warp / 2) * 32, kv_col = (warp % 2) * (D / 2);  // ... of dK_j, dV_j
-    const int q_row = (warp / WC) * 32, q_col = (warp % WC) * DQC;      // ... of dQ_i
+    const int q_row = (warp / WC) * 16 * MQ, q_col = (warp % WC) * DQC;  // ... of dQ_i
     const long long bkv = blockIdx.y;  // the K/V head: b * Hk + hk
     const unsigned short *k = K + bkv * Nk * D, *v = V + bkv * Nk * D;
     long long bh = GQA ? bkv * group : bkv;  // the group's first query head: b * Hq + hk * group
@@ -382,13 +386,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
             mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, 0, kv_col);
             mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a(sdS, kv_row), qb, 0, kv_col);
             // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sP, sdS are written again)
-            float dq[2][DQC / 8][4];
+            float dq[MQ][DQC / 8][4];
 #pragma unroll
-            for (int m = 0; m < 2; ++m) zero(dq[m]);
-            mma_ab_frags<D, Bc / 16, 2, BF16, DQC>(
+            for (int m = 0; m < MQ; ++m) zero(dq[m]);
+            mma_ab_frags<D, Bc / 16, MQ, BF16, DQC>(
                 dq, [&](unsigned (&a)[4], int m, int kk) { load_a<Bc>(a, sdS, q_row + 16 * m, kk); }, sK, 0, q_col);
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+            for (int m = 0; m < MQ; ++m)
 #pragma unroll
                 for (int n = 0; n < DQC / 8; ++n)
 #pragma unroll
@@ -519,8 +523,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
     template __global__ void mma_bwd_fused<D, 8, T, BF, true, true> FA_MMA_FUSED_PARAMS;
 template __global__ void mma_bwd_dq_store<false>(const float*, unsigned short*, long long, float);
 template __global__ void mma_bwd_dq_store<true>(const float*, unsigned short*, long long, float);
+FA_MMA_FUSED_INST(32, 128, false)
+FA_MMA_FUSED_INST(32, 128, true)
 FA_MMA_FUSED_INST(64, 128, false)
 FA_MMA_FUSED_INST(64, 128, true)
+FA_MMA_FUSED_INST(96, 64, false)
+FA_MMA_FUSED_INST(96, 64, true)
 FA_MMA_FUSED_INST(128, 64, false)
 FA_MMA_FUSED_INST(128, 64, true)
 FA_MMA_BWD_INST(32, 64, false)
