@@ -34,7 +34,7 @@ from flash_attention_py.validation import FLOAT_DTYPES
 __all__ = ["CAPABILITIES", "BACKWARD", "BACKWARD_OF", "KERNEL_OF", "TENSOR_CORE_KERNELS", "TENSOR_CORE_BACKWARDS",
            "HOPPER",
            "TENSOR_CORE_HEAD_DIMS", "BACKWARD_HEAD_DIMS", "is_hopper",
-           "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward", "mma_auto_backward", "MMA_FUSED_CCS",
+           "has_mma", "mma_backward_applies", "HOPPER_FORWARD", "auto_backward", "mma_auto_backward", "MMA_FUSED_CCS", "MMA_FUSED_AUTO_HEAD_DIMS",
            "HOPPER_BACKWARD", "HOPPER_WIDE_BACKWARD", "cc_text",
            "cuda_unavailable_reason", "cuda_probe", "tiled_probe", "hopper_probe", "student_release_reason"]
 
@@ -210,12 +210,14 @@ HOPPER_WIDE_BACKWARD = "wgmma"
 BACKWARD_OF = {"naive": "auto", "tiled": "auto", "mma": "mma-auto", "wgmma": "auto", "wgmma-ws": "auto"}
 # the GPUs whose blocks hold mma_bwd_fused's 162 KiB of shared memory (A100; H100, H200)
 MMA_FUSED_CCS = ((8, 0), (9, 0))
+# the head dims where the one-kernel mma backward beat the two kernels (H200, fp16, B4 H16/H32, N 1024 and 4096,
+# the kernels alone: docs/results/cuda/mma_backward/fused_layout/): 0.98-1.17x at D 64, 96 and 128 (below 1.0x only
+# causal at N = 1024); at D = 32 0.78-0.88x, where a tile of 32 columns is little work between the block's barriers
+MMA_FUSED_AUTO_HEAD_DIMS = (64, 96, 128)
 
 
 def mma_auto_backward(D: int, cc) -> str:
     """The mma rung's backward ('mma-auto'): the one-kernel mma backward ('mma-fused', FlashAttention-2's warp
-    layout) at the head dims it is built for (64, 128) on the GPUs that hold its shared memory, faster than the two
-    kernels at every measured shape (H200, fp16, D 64 and 128, N 1024 and 4096: tools/cuda_backward_kernels.py,
-    docs/results/cuda/mma_backward/); the two kernels ('mma') at other head dims, where the one kernel would
-    pad (32, 96) or cannot hold dK and dV (256)."""
-    return "mma-fused" if D in MMA_ONE_KERNEL_HEAD_DIMS and _as_pair(cc) in MMA_FUSED_CCS else "mma"
+    layout) at MMA_FUSED_AUTO_HEAD_DIMS on the GPUs that hold its shared memory (MMA_FUSED_CCS), else the two
+    kernels ('mma': D = 32, where they are faster, and D = 256, where the one kernel cannot hold dK and dV)."""
+    return "mma-fused" if D in MMA_FUSED_AUTO_HEAD_DIMS and _as_pair(cc) in MMA_FUSED_CCS else "mma"

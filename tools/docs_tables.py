@@ -490,7 +490,7 @@ def t_hopper_targets(R, lang):
     return table([H(lang, *h) for h in TARGETS_HEADER], out)
 
 
-H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 7c0ef42)
+H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 9849d57)
 FORWARD_ROUNDS = "cuda/forward_rounds/forward_rounds.json"  # tools/forward_rounds.py on an H100 (commit a15eac2)
 FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit af663ae)
 
@@ -1183,6 +1183,40 @@ def mma_backward_figures(R):
     ]
 
 
+FUSED_LAYOUT = "cuda/mma_backward/fused_layout"  # mma_bwd_fused in FlashAttention-2's warp layout (H200; b428d89, 6cc81f0)
+
+
+def mma_fused_layout_figures(R):
+    """The one-kernel mma backward in FlashAttention-2's warp layout against the two kernels and FA2, the kernels
+    alone (FUSED_LAYOUT/*/backward_kernels.json), and against its first version with plain lse/Delta loads
+    (FUSED_LAYOUT/sync_rows_61c8429)."""
+    shapes = ("b4h32-d64", "b4h16-d128", "seed-b8h12-d64", "b4h16-d32-d96")
+    rows = [r for shape in shapes for r in R.json(f"{FUSED_LAYOUT}/{shape}/backward_kernels.json")["rows"]]
+    ratio = lambda r, other: r["tflops"]["mma-fused"] / r["tflops"][other]  # noqa: E731
+    wide = [r for r in rows if r["D"] != 32]
+    two = span([ratio(r, "mma") for r in wide], f2, "×")
+    two32 = span([ratio(r, "mma") for r in rows if r["D"] == 32], f2, "×")
+    fa2_1k = span([ratio(r, "sdpa-flash") for r in wide if r["N"] == 1024], f2, "×")
+    fa2_4k = span([ratio(r, "sdpa-flash") for r in wide if r["N"] == 4096], f2, "×")
+    sync = [r["tflops"]["mma-fused"] / s["tflops"]["mma-fused"]
+            for shape in shapes[:3]
+            for r, s in zip(R.json(f"{FUSED_LAYOUT}/{shape}/backward_kernels.json")["rows"],
+                            R.json(f"{FUSED_LAYOUT}/sync_rows_61c8429/{shape}/backward_kernels.json")["rows"])]
+    sync = f"{(min(sync) - 1) * 100:.1f}–{(max(sync) - 1) * 100:.0f} %"
+    en = [("docs/backend_cuda.md", f"the one kernel is {two} the two at D =\n64, 96 and 128"),
+          ("docs/backend_cuda.md", f"and {two32} at D = 32, where a tile of 32 columns"),
+          ("docs/backend_cuda.md", f"Against FA2 it is at {fa2_1k} at N = 1024 and {fa2_4k} at N = 4096"),
+          ("docs/backend_cuda.md", f"the one kernel was {sync} slower"),
+          ("docs/results/cuda/mma_backward/fused_layout/README.md", f"{two} at D = 64, 96 and 128"),
+          ("docs/results/cuda/mma_backward/fused_layout/README.md", f"{two32} at D = 32"),
+          ("docs/results/cuda/mma_backward/fused_layout/README.md", f"{sync} faster in every row")]
+    zh = [("docs/zh/backend_cuda.md", f"单 kernel 是两个 kernel 的 {two}"),
+          ("docs/zh/backend_cuda.md", f"D = 32 时为 {two32}"),
+          ("docs/zh/backend_cuda.md", f"它在 N = 1024 时为 {fa2_1k}，N = 4096 时为 {fa2_4k}"),
+          ("docs/zh/backend_cuda.md", f"单 kernel 这样做时慢 {sync}")]
+    return en + zh
+
+
 def mma_forward_figures(R):
     """The mma rung's forward tile at D = 64 (launch_specs.MMA_CONFIGS): the kernels alone in every candidate config
     (cuda/mma_forward/*/forward_kernels.json, tools/cuda_forward_kernels.py --kernel mma) and cuda-mma beside FA2 in
@@ -1407,7 +1441,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + forward_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + forward_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
@@ -1463,7 +1497,7 @@ def prose(R):
         ("docs/backend_cuda.md", f"CUDA-core FFMA throughout ({B['tiled']} TFLOP/s"),
         ("docs/backend_cuda.md", f"a forward call costs {driver_host} µs of Python on an H100"),
         ("docs/backend_cuda.md", f"against {f0(driver['sdpa FLASH_ATTENTION (FA2)'])} µs\n  for SDPA's FA2"),
-        ("docs/backend_cuda.md", f"at {B['ratio']} FA2; there"),
+        ("docs/backend_cuda.md", f"the two kernels run at {B['ratio']}\n  FA2 (H100)"),
         # benchmarks/README.md
         ("benchmarks/README.md", f"the recorded run took {R.bench('cpu-default')['meta']['wall_s']:.1f} s on "
                                  f"{R.bench('cpu-default')['meta']['cpu_count']} cores"),
