@@ -483,7 +483,7 @@ def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     """mma_backward.cu: FlashAttention-2's one kernel, (warps, tile) = config or MMA_FUSED_BACKWARD_CONFIGS[D]
     (8 warps, Bc = 128 keys a block, Q tiles of 64 or 128 rows): dK, dV, and every tile's dQ_i += dS_ij K_j added
     into the float32 dQaccum (B * Hq, Nq, D) atomically; one block row per K/V head, as mma_bwd_dkdv."""
-    nw, tile, *paired = config or MMA_FUSED_BACKWARD_CONFIGS[p.D]
+    nw, tile = config or MMA_FUSED_BACKWARD_CONFIGS[p.D]
     if nw != 8 or tile not in (64, 128) or p.D not in MMA_FUSED_BACKWARD_CONFIGS:
         raise ValueError(f"mma_bwd_fused: config must be (8, 64) or (8, 128) at D = 32, 64, 96 or 128, got "
                          f"{(nw, tile)} at D = {p.D}")
@@ -492,8 +492,6 @@ def mma_bwd_fused(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     # and sDl 2 x tile floats each (lse and Delta)
     smem = (2 * Bc + 4 * tile) * p.D * 2 + 2 * tile * Bc * 2 + 4 * tile * 4
     flags = f", {str(p.dropout).lower()}, true" if p.group > 1 else _dropout_flag(p)
-    if paired and paired[0]:  # EXPERIMENT
-        flags = f", {str(p.dropout).lower()}, {str(p.group > 1).lower()}, true"
     return LaunchSpec("mma_backward.cu", f"mma_bwd_fused<{p.D}, {nw}, {tile}, {_bf16(p)}{flags}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads), (32 * nw,), smem,
                       _BWD_IN + ("dK", "dV", "dQaccum"), _tc_args(p))

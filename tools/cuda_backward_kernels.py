@@ -67,9 +67,6 @@ def main(argv=None) -> int:
         window, scale = window_for(causal), D ** -0.5
         ms = {mma: do_bench(lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, mma))
               for mma in ("mma", "mma-fused")}
-        if D in launch_specs.MMA_FUSED_BACKWARD_CONFIGS:  # EXPERIMENT: S with dP, dV with dK, k-step by k-step
-            ms["mma-fused paired"] = do_bench(lambda: launch_specs.run_backward(
-                q, k, v, o, lse, do, window, scale, "mma-fused", launch_specs.MMA_FUSED_BACKWARD_CONFIGS[D] + (1,)))
         # the one-kernel mma backward's other Q tile at D = 64 (8 warps, 128 keys a block; at D = 128 a Q tile of 128
         # rows spills 424 bytes a thread)
         for tile in (64, 128) if D == 64 else ():

@@ -300,61 +300,7 @@ __device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4
 }
 }  // namespace mma_bwd_detail
 
-namespace mma_bwd_detail {
-// EXPERIMENT: two products k-step by k-step, two independent chains of mma for the scheduler to interleave
-template <int D, int NT, int MT, bool BF16, class AFrag1, class AFrag2>
-__device__ __forceinline__ void mma_abt_pair(float (&acc1)[MT][NT][4], AFrag1 a1, unsigned sB1, float (&acc2)[MT][NT][4],
-                                             AFrag2 a2, unsigned sB2, int b_row0) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned x[MT][4], y[MT][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) a1(x[m], m, kk), a2(y[m], m, kk);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-            unsigned b[4], c[4];
-            const unsigned off = swz<D>(b_row0 + np * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1));
-            ldmatrix_x4(b, sB1 + off);
-            ldmatrix_x4(c, sB2 + off);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_16816<BF16>(acc1[m][2 * np], x[m], b[0], b[1]);
-                mma_16816<BF16>(acc2[m][2 * np], y[m], c[0], c[1]);
-                mma_16816<BF16>(acc1[m][2 * np + 1], x[m], b[2], b[3]);
-                mma_16816<BF16>(acc2[m][2 * np + 1], y[m], c[2], c[3]);
-            }
-        }
-    }
-}
-template <int D, int KS, int MT, bool BF16, int DC, class AFrag1, class AFrag2>
-__device__ __forceinline__ void mma_ab_pair(float (&acc1)[MT][DC / 8][4], AFrag1 a1, unsigned sB1,
-                                            float (&acc2)[MT][DC / 8][4], AFrag2 a2, unsigned sB2, int col0) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-        unsigned x[MT][4], y[MT][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) a1(x[m], m, kk), a2(y[m], m, kk);
-#pragma unroll
-        for (int dp = 0; dp < DC / 16; ++dp) {
-            unsigned b[4], c[4];
-            const unsigned off = swz<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8 + dp * 2 + (lane >> 4));
-            ldmatrix_x4_trans(b, sB1 + off);
-            ldmatrix_x4_trans(c, sB2 + off);
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_16816<BF16>(acc1[m][2 * dp], x[m], b[0], b[1]);
-                mma_16816<BF16>(acc2[m][2 * dp], y[m], c[0], c[1]);
-                mma_16816<BF16>(acc1[m][2 * dp + 1], x[m], b[2], b[3]);
-                mma_16816<BF16>(acc2[m][2 * dp + 1], y[m], c[2], c[3]);
-            }
-        }
-    }
-}
-}  // namespace mma_bwd_detail
-
-template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false, bool PAIRED = false>
+template <int D, int NWARPS, int Br, bool BF16, bool DROPOUT = false, bool GQA = false>
 __global__ void __launch_bounds__(NWARPS * 32, 1)
     mma_bwd_fused(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
                   const unsigned short* __restrict__ V, const unsigned short* __restrict__ dO,
@@ -417,14 +363,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
                 float P_ij[MS][4][4], dS_ij[MS][4][4];  // hold S_ij and dP_ij first
 #pragma unroll
                 for (int m = 0; m < MS; ++m) zero(P_ij[m]), zero(dS_ij[m]);
-                const auto q_a = [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, qb, s_row + 16 * m, kk); };
-                const auto do_a = [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, db, s_row + 16 * m, kk); };
-                if constexpr (PAIRED) {
-                    mma_abt_pair<D, 4, MS, BF16>(P_ij, q_a, sK, dS_ij, do_a, sV, s_col);
-                } else {
-                    mma_abt_rows<D, 4, MS, BF16>(P_ij, q_a, sK, s_col);
-                    mma_abt_rows<D, 4, MS, BF16>(dS_ij, do_a, sV, s_col);
-                }
+                mma_abt_rows<D, 4, MS, BF16>(
+                    P_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, qb, s_row + 16 * m, kk); }, sK, s_col);
+                mma_abt_rows<D, 4, MS, BF16>(
+                    dS_ij, [&](unsigned (&a)[4], int m, int kk) { load_a<D>(a, db, s_row + 16 * m, kk); }, sV, s_col);
 #pragma unroll
                 for (int m = 0; m < MS; ++m) {
                     const int r = s_row + 16 * m;
@@ -441,12 +383,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
             }
             __syncthreads();  // sP and sdS hold the whole (Br, Bc) tile
             // dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i  (dK times softmax_scale at the end)
-            if constexpr (PAIRED) {
-                mma_ab_pair<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, dk, trans_a(sdS, kv_row), qb, kv_col);
-            } else {
-                mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, 0, kv_col);
-                mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a(sdS, kv_row), qb, 0, kv_col);
-            }
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, 0, kv_col);
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a(sdS, kv_row), qb, 0, kv_col);
             // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sP, sdS are written again)
             float dq[MQ][DQC / 8][4];
 #pragma unroll
