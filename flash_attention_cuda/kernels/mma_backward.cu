@@ -11,10 +11,11 @@
 //   dQ_i += softmax_scale * dS_ij K_j    (mma_bwd_dq:   one block per Q tile of Br queries, loop over K/V tiles)
 // Two kernels instead of atomic adds into dQ: every output tile belongs to one block, so the gradients are
 // deterministic; the price is recomputing S and dP in both (7 matrix products per tile pair instead of 5).
-// mma_bwd_fused is FlashAttention-2's own choice, one kernel and 5 products: the dK/dV kernel's blocks also add
-// each tile's dQ_i += dS_ij K_j into a float32 buffer with atomic adds (mma_bwd_fused_preprocess zeroes it beside
-// Delta, mma_bwd_dq_store turns it into dQ); dQ's sums then come in any order, so it is not bitwise
-// reproducible (dK and dV are).
+// mma_bwd_fused is FlashAttention-2's own choice, one kernel and 5 products, in FlashAttention-2's warp layout (8
+// warps, 128 keys a block, P and dS passed between the products through shared memory; below): each tile's
+// dQ_i += dS_ij K_j goes into a float32 buffer with atomic adds (mma_bwd_fused_preprocess zeroes it beside Delta,
+// mma_bwd_dq_store turns it into dQ); dQ's sums then come in any order, so it is not bitwise reproducible (dK and
+// dV are). The mma rung runs it at D = 64, 96 and 128 (capabilities.mma_auto_backward), the two kernels otherwise.
 // The mask (masks.cuh, window (left, right)): each block loops only over the tiles that hold a pair the mask
 // shows, and the elementwise mask runs only on the warps' blocks that the mask does not call full.
 // Grouped-query attention (Hq = group * Hk query heads read Hk K/V heads; query head bh = b Hq + h reads K/V
@@ -24,7 +25,7 @@
 // element, frag::Dropout; Delta_i = rowsum(dO_i o O_i) of the dropped-out O, as above):
 //   dV_j += (P_ij o Z_ij / (1 - p))^T dO_i,   dS_ij = P_ij o (dP_ij o Z_ij / (1 - p) - Delta_i)
 //
-// Every product is a warp-level mma.sync on the warp's 16 rows, from fragments.cuh (as in mma.cu):
+// In the two kernels every product is a warp-level mma.sync on the warp's 16 rows, from fragments.cuh (as in mma.cu):
 //   mma_abt: acc (16 x 8NT) += A (16 x D, rows of a shared tile) * B^T (rows of another shared tile)
 //            -- ldmatrix on both: S^T = K_w Q_i^T, dP^T = V_w dO_i^T, S = Q_w K_j^T, dP = dO_w V_j^T
 //   mma_ab:  acc (16 x D) += A (16 x 16KS, fragments in registers) * B (rows of a shared tile)
