@@ -178,8 +178,9 @@ def flash_attn_cuda_backward(q, k, v, o, lse, do, *, causal=False, softmax_scale
     without the producer warpgroup; wgmma_bwd_fused) | 'wgmma' (two kernels: dK/dV and dQ, deterministic;
     D <= 256, padded to 32, 64, 96, 128 or 256) | 'mma' (fp16/bf16, D <= 256 (padded as 'wgmma'), compute
     capability >= 8.0: mma.sync tensor cores, fp32 accumulation, two kernels, deterministic;
-    kernels/mma_backward.cu) | 'mma-fused' (the same, as one kernel whose dQ is summed with atomic adds,
-    FlashAttention-2's choice; mma_bwd_fused) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
+    kernels/mma_backward.cu) | 'mma-fused' (the same, D <= 128, as one kernel of 8 warps per 128 keys in
+    FlashAttention-2's warp layout, dQ summed with atomic adds; mma_bwd_fused: what the mma rung's autograd runs
+    at D = 64, 96 and 128 on compute capability 8.0 and 9.0) | 'tiled' (any float dtype, D <= 128: fp16/bf16 are upcast and the
     fp32 kernels of kernels/backward.cu run) | 'auto' (wgmma-ws on a Hopper for D <= 128, wgmma above it, else
     mma where it applies, else tiled).
     """
