@@ -545,6 +545,29 @@ def test_auto_backward_above_128_runs_a_two_kernel_backward():
     assert kv.smem == (2 * 64 + 4 * 32) * 256 * 2 + 4 * 32 * 4 and dq.smem == (2 * 64 + 4 * 32) * 256 * 2
 
 
+def test_the_mma_rung_runs_the_one_kernel_backward_where_it_was_faster():
+    """The mma rung's autograd ('mma-auto', capabilities.mma_auto_backward) runs the one-kernel mma backward
+    (FlashAttention-2's warp layout) at D = 64, 96 and 128 on compute capability 8.0 and 9.0, whose blocks hold its
+    shared memory, and the two kernels at D = 32 (where they were faster), D = 256 and on other GPUs; the launch
+    plan resolves the name, and the one kernel's shared memory fits a block of both."""
+    from flash_attention_cuda.capabilities import BACKWARD_OF, mma_auto_backward
+    assert BACKWARD_OF["mma"] == "mma-auto"
+    for cc in ((8, 0), (9, 0)):
+        assert [mma_auto_backward(D, cc) for D in (32, 40, 64, 96, 128, 256)] == [
+            "mma", "mma", "mma-fused", "mma-fused", "mma-fused", "mma"]
+    assert mma_auto_backward(128, (8, 6)) == mma_auto_backward(64, (8, 9)) == "mma"
+    for D, tile in ((32, 128), (64, 128), (96, 64), (128, 64)):
+        p = launch_specs.Problem(B=2, H=6, Nq=300, Nk=420, D=D, dtype="float16", scale=0.1, window=(-1, -1), Hk=2)
+        spec = launch_specs.mma_bwd_fused(p)
+        assert spec.name == f"mma_bwd_fused<{D}, 8, {tile}, false, false, true>" and spec.block == (256,)
+        assert spec.grid == (4, 2 * 2) and spec.smem <= 163 * 1024  # 128 keys a block, one block row per K/V head
+    plan = launch_specs.backward_plan("mma-auto", "float16", (2, 6, 300, 64), (2, 6, 420, 64), (9, 0), (-1, 0), 0.1)
+    assert [s.name.split("<")[0] for s in plan.specs] == ["mma_bwd_fused_preprocess", "mma_bwd_fused",
+                                                          "mma_bwd_dq_store"]
+    with pytest.raises(ValueError, match=r"mma_bwd_fused: config must be \(8, 64\) or \(8, 128\)"):
+        launch_specs.mma_bwd_fused(p, (4, 64))
+
+
 @pytest.mark.parametrize("kernel", ["mma", "wgmma", "wgmma-ws"])
 def test_padded_head_dim_plumbing(kernel, recorded_launches, monkeypatch):
     """D = 40 and 80 run the D = 64 and 96 kernels on zero-padded copies, and hand back D columns: a stand-in

@@ -212,13 +212,14 @@ def test_cuda_fake_shapes(dtype, Nq, Nk, D):
 
 def test_cuda_ops_run_and_differentiate_without_a_gpu(recorded_launches):
     """cuda_fwd runs the forward launch and its autograd runs cuda_bwd's three launches (a recording runtime
-    stands in for the GPU: kernels are recorded, not run); lse is not differentiable."""
+    stands in for the GPU: kernels are recorded, not run; the mma rung's backward at D = 64 on its Hopper is the one
+    kernel, capabilities.mma_auto_backward); lse is not differentiable."""
     _cuda_ops()
     x = make_inputs(1, 2, 33, 70, 64, dtype="float16", kind="torch", with_grad=True)
     o, lse = torch.ops.fa_ladder.cuda_fwd(x["q"], x["k"], x["v"], True, 0.3, "mma")
     o.backward(x["do"])
-    assert [c[0].name.split("<")[0] for c in recorded_launches] == ["mma_fwd", "mma_bwd_preprocess", "mma_bwd_dkdv",
-                                                                    "mma_bwd_dq"]
+    assert [c[0].name.split("<")[0] for c in recorded_launches] == ["mma_fwd", "mma_bwd_fused_preprocess",
+                                                                    "mma_bwd_fused", "mma_bwd_dq_store"]
     assert all(x[n].grad.shape == x[n].shape and x[n].grad.dtype == torch.float16 for n in ("q", "k", "v"))
     assert o.requires_grad and not lse.requires_grad
 
