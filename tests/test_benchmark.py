@@ -772,9 +772,17 @@ def test_ws_block_order_rewrites_the_kernels_choice():
         assert wbo.RULE not in forced and forced.count(line) == 1
     with pytest.raises(ValueError, match="no longer holds the line"):
         wbo.forced_source("no such line", "grid")
-    row = dict(B=2, Hq=32, Hk=8, N=4096, D=128, causal=True, picks="tile-major", grid=2.0, **{"tile-major": 1.6})
-    table = wbo.markdown([row], dict(gpu="H100", torch="2", git_commit="abc", command="python tools/ws_block_order.py"))
-    assert "| 2 | 32 | 8 | 4096 | 128 | yes | 2.000 | 1.600 | 1.25 | tile-major |" in table
+    row = dict(B=2, Hq=32, Hk=8, N=4096, D=128, causal=True, picks="tile-major", splits=1,
+               ms={"grid": 2.0, "tile-major": 1.6, "grid m2048": 1.9, "sdpa-cudnn": 1.7})
+    table = wbo.markdown([row], dict(gpu="H100", torch="2", git_commit="abc", min_blocks=512,
+                                     command="python tools/ws_block_order.py"))
+    assert "| grid ms | tile-major ms | grid m2048 ms | sdpa-cudnn ms | x | kernel picks |" in table
+    assert "| 2 | 32 | 8 | 4096 | 128 | yes | 1 | 2.000 | 1.600 | 1.900 | 1.700 | 1.25 | tile-major |" in table
+    assert wbo.parse_cases("1,32,8,16384,128,1; 2,16,16,4096,64,0") == [(1, 32, 8, 16384, 128, True),
+                                                                       (2, 16, 16, 4096, 64, False)]
+    for bad, match in (("1,32,8,16384,128", "must be B,Hq,Hk,N,D,causal"), ("1,32,5,64,64,0", "not a multiple")):
+        with pytest.raises(ValueError, match=match):
+            wbo.parse_cases(bad)
     import torch
 
     if not torch.cuda.is_available():

@@ -17,6 +17,14 @@ The kernel picks tile-major where a block loops over several query heads and the
 force either order, and times ``launch_specs.run_backward`` (``triton.testing.do_bench``, median) for GQA and
 plain heads, causal and not. It checks that both orders give the same gradients. Writes ``ws_block_order.md``
 and ``ws_block_order.json`` (with the git commit) into --out and prints the table.
+
+    python tools/ws_block_order.py --cases "1,32,8,16384,128,1;1,32,1,16384,128,1" --min-blocks 512,1024,2048 \
+        --cudnn --out results/ws_block_order_16k
+
+--cases: "B,Hq,Hk,N,D,causal" entries separated by ';' (default: CASES). --min-blocks: also time each order with
+``launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS`` set to each value (how far ``ws_backward_splits`` splits a group of
+query heads over blocks; the library's value is always timed). --cudnn: SDPA's cuDNN backward
+(``enable_gqa=True``) of the same case beside them, in the same run.
 """
 from __future__ import annotations
 
@@ -45,17 +53,41 @@ def forced_source(text: str, order: str) -> str:
     return text.replace(RULE, ORDERS[order])
 
 
+def parse_cases(text: str) -> list:
+    """--cases "B,Hq,Hk,N,D,causal;..." -> [(B, Hq, Hk, N, D, causal), ...]."""
+    cases = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        parts = entry.split(",")
+        if len(parts) != 6:
+            raise ValueError(f"ws_block_order: --cases entry {entry!r} must be B,Hq,Hk,N,D,causal")
+        B, Hq, Hk, N, D, causal = (int(x) for x in parts)
+        if Hq % Hk:
+            raise ValueError(f"ws_block_order: --cases entry {entry!r}: Hq = {Hq} is not a multiple of Hk = {Hk}")
+        cases.append((B, Hq, Hk, N, D, bool(causal)))
+    return cases
+
+
+def column(order: str, min_blocks) -> str:
+    """A timing's column: the order, with the split setting where it is not the library's."""
+    return order if min_blocks is None else f"{order} m{min_blocks}"
+
+
 def markdown(rows: list, meta: dict) -> str:
+    cols = list(dict.fromkeys(c for r in rows for c in r["ms"]))
     out = ["# wgmma_bwd_ws: grid order against tile-major", "",
            f"GPU: {meta['gpu']}; torch {meta['torch']}; git commit {meta.get('git_commit', '?')}.", "",
            f"Reproduce: `{meta['command']}`", "",
            "ms per backward call (launch_specs.run_backward, fp16, do_bench median); x = grid / tile-major "
-           "(above 1: tile-major is faster); the kernel's own choice in the last column.", "",
-           "| B | Hq | Hk | N | D | causal | grid ms | tile-major ms | x | kernel picks |",
-           "|---|---|---|---|---|---|---:|---:|---:|---|"]
+           "(above 1: tile-major is faster); the kernel's own choice in the last column. \"mN\": with "
+           "WGMMA_WS_BACKWARD_MIN_BLOCKS = N (the library's: " f"{meta['min_blocks']}; splits per case in "
+           "ws_block_order.json); sdpa-cudnn: SDPA's cuDNN backward (enable_gqa) of the same case.", "",
+           "| B | Hq | Hk | N | D | causal | splits | " + " | ".join(f"{c} ms" for c in cols) + " | x | kernel picks |",
+           "|---|---|---|---|---|---|---:|" + "---:|" * len(cols) + "---:|---|"]
     for r in rows:
+        ms = r["ms"]
         out.append(f"| {r['B']} | {r['Hq']} | {r['Hk']} | {r['N']} | {r['D']} | {'yes' if r['causal'] else 'no'} | "
-                   f"{r['grid']:.3f} | {r['tile-major']:.3f} | {r['grid'] / r['tile-major']:.2f} | {r['picks']} |")
+                   f"{r['splits']} | " + " | ".join(f"{ms[c]:.3f}" if c in ms else "–" for c in cols)
+                   + f" | {ms['grid'] / ms['tile-major']:.2f} | {r['picks']} |")
     return "\n".join(out) + "\n"
 
 
@@ -63,7 +95,12 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default=None, help='"B,Hq,Hk,N,D,causal;..." (default: the tool\'s CASES)')
+    ap.add_argument("--min-blocks", default="", help="also time with WGMMA_WS_BACKWARD_MIN_BLOCKS = each of these")
+    ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backward of each case beside them")
     args = ap.parse_args(argv)
+    cases = parse_cases(args.cases) if args.cases else CASES
+    sweep = [None] + [int(x) for x in args.min_blocks.split(",") if x.strip()]
     import torch
 
     if not torch.cuda.is_available():
@@ -74,43 +111,74 @@ def main(argv=None) -> int:
     from flash_attention_cuda import launch_specs, runtime
     from flash_attention_py.inputs import make_inputs
 
-    original = runtime.read_source
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    original, library_min = runtime.read_source, launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, min_blocks=library_min,
                 command="python tools/ws_block_order.py " + " ".join(argv), **git_state())
     rows, grads = [], {}
+
+    def problem_of(n):
+        B, Hq, Hk, N, D, causal = cases[n]
+        x = make_inputs(B, Hq, N, N, D, Hk=Hk, dtype="float16", device="cuda", seed=n)
+        return x, ((-1, 0) if causal else (-1, -1)), D ** -0.5
+
     try:
         for order in ORDERS:
             runtime.read_source = lambda src, o=order: forced_source(original(src), o) if src == SOURCE else original(src)
             runtime._KERNEL_CACHE.clear()
             runtime._SMEM_SET.clear()
             runtime._FUNCTIONS.clear()
-            for n, (B, Hq, Hk, N, D, causal) in enumerate(CASES):
-                x = make_inputs(B, Hq, N, N, D, Hk=Hk, dtype="float16", device="cuda", seed=n)
+            for n, (B, Hq, Hk, N, D, causal) in enumerate(cases):
+                x, window, scale = problem_of(n)
                 q, k, v, do = x["q"], x["k"], x["v"], x["do"]
-                window, scale = ((-1, 0) if causal else (-1, -1)), D ** -0.5
                 o, lse = launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")
-                fn = lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws")  # noqa: E731
-                got = [g.float() for g in fn()]
-                if n in grads:  # the same sums, in another order of blocks: dQ's float32 adds may differ slightly
-                    for a, b in zip(got, grads[n]):
-                        torch.testing.assert_close(a, b, atol=2e-2, rtol=1e-2)
-                else:
-                    grads[n] = got
-                ms = triton.testing.do_bench(fn, warmup=50, rep=300)
                 if order == "grid":
                     p = launch_specs._problem(q, k, scale, window)
-                    per = -(-p.group // launch_specs.ws_backward_splits(p))
-                    rows.append(dict(B=B, Hq=Hq, Hk=Hk, N=N, D=D, causal=causal,
-                                     picks="tile-major" if per > 1 and causal else "grid"))
-                rows[n][order] = ms
-                print(f"{order:>10}: B{B} Hq{Hq} Hk{Hk} N{N} D{D} causal={causal}: {ms:.3f} ms", flush=True)
-                del x, q, k, v, do, o, lse
+                    splits = launch_specs.ws_backward_splits(p)
+                    rows.append(dict(B=B, Hq=Hq, Hk=Hk, N=N, D=D, causal=causal, splits=splits, ms={},
+                                     picks="tile-major" if -(-p.group // splits) > 1 and causal else "grid",
+                                     splits_of={}))
+                for min_blocks in sweep:
+                    launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = library_min if min_blocks is None else min_blocks
+                    launch_specs.clear_caches()
+                    fn = lambda: launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws")  # noqa: E731
+                    got = [g.float() for g in fn()]
+                    if n in grads:  # the same sums, in another order: dQ's (and split dK, dV's) float32 adds may differ
+                        for a, b in zip(got, grads[n]):
+                            torch.testing.assert_close(a, b, atol=2e-2, rtol=1e-2)
+                    else:
+                        grads[n] = got
+                    ms = triton.testing.do_bench(fn, warmup=50, rep=300)
+                    rows[n]["ms"][column(order, min_blocks)] = ms
+                    rows[n]["splits_of"][column(order, min_blocks)] = launch_specs.ws_backward_splits(
+                        launch_specs._problem(q, k, scale, window))
+                    print(f"{column(order, min_blocks):>16}: B{B} Hq{Hq} Hk{Hk} N{N} D{D} causal={causal}: "
+                          f"{ms:.3f} ms", flush=True)
+                launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = library_min
+                launch_specs.clear_caches()
+                del x, q, k, v, do, o, lse, got
                 torch.cuda.empty_cache()
     finally:
         runtime.read_source = original
         runtime._KERNEL_CACHE.clear()
         runtime._SMEM_SET.clear()
         runtime._FUNCTIONS.clear()
+        launch_specs.WGMMA_WS_BACKWARD_MIN_BLOCKS = library_min
+        launch_specs.clear_caches()
+    if args.cudnn:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for n, (B, Hq, Hk, N, D, causal) in enumerate(cases):
+            x, window, scale = problem_of(n)
+            qq, kk, vv = (x[t].detach().clone().requires_grad_(True) for t in ("q", "k", "v"))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hk != Hq)
+            rows[n]["ms"]["sdpa-cudnn"] = triton.testing.do_bench(
+                lambda: torch.autograd.grad(out, (qq, kk, vv), x["do"], retain_graph=True), warmup=50, rep=300)
+            print(f"      sdpa-cudnn: B{B} Hq{Hq} Hk{Hk} N{N} D{D} causal={causal}: {rows[n]['ms']['sdpa-cudnn']:.3f} ms",
+                  flush=True)
+            del x, qq, kk, vv, out
+            torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ws_block_order.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
