@@ -58,7 +58,7 @@ __all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA
            "forward_spec", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "mma_bwd_preprocess", "mma_bwd_dkdv",
            "mma_bwd_dq", "wgmma_bwd_dkdv", "wgmma_bwd_dq", "mma_bwd_fused_preprocess", "mma_bwd_fused", "mma_bwd_dq_store", "wgmma_bwd_fused", "wgmma_bwd_ws", "wgmma_bwd_preprocess",
            "wgmma_bwd_dq_store",
-           "wgmma_bwd_kv_sum", "ws_backward_splits", "kv_part_shape", "dq_accum_shape",
+           "wgmma_bwd_kv_sum", "ws_backward_splits", "ws_backward_tile_major", "kv_part_shape", "dq_accum_shape",
            "padded_head_dim", "run_forward", "run_backward", "BackwardPlan", "backward_plan", "clear_caches",
            "run_seed_nomax"]
 
@@ -567,18 +567,58 @@ WGMMA_WS_BACKWARD_CONFIGS = {32: (128, 2), 64: (128, 2), 96: (64, 2), 128: (64, 
 # wgmma_bwd_ws splits a K/V head's group of query heads over blocks when the blocks of keys alone are fewer than
 # this (about 4 per SM of an H100's 132): MQA and few K/V heads would otherwise leave SMs idle
 WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
+# ... and further, toward this many blocks, where every block still streams at least WGMMA_WS_BACKWARD_MIN_ROWS
+# query rows (its query heads times Nq): each split adds a float32 partial dK, dV (2 B Hk Nk D floats written
+# and read again by wgmma_bwd_kv_sum), a cost that only a long block's work hides. H200, B1 Hq32 Hk1 N16384 D128
+# causal: 512 blocks (4 splits) 11.69 ms, 2048 blocks (16 splits) 10.90; B2 Hq32 Hk8 N4096: 512 blocks 1.61 ms,
+# 2048 blocks (one query head a block) 1.82 (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
+WGMMA_WS_BACKWARD_MORE_BLOCKS = 2048
+WGMMA_WS_BACKWARD_MIN_ROWS = 32768
+# wgmma_bwd_ws starts its blocks tile-major (every head's heaviest tile of keys in the first wave) where a block
+# loops over several query heads, the mask is bounded on one side (causal) and the grid has fewer blocks than
+# this (about 8 per SM): with a few waves, grid order would start the last heads' heaviest blocks in the last
+# wave, to run on alone (B2 Hq32 Hk8 N4096 D128 causal, 512 blocks, H200: 1.61 ms against 1.74); with many, the
+# last wave is short whatever the order, and grid order keeps a few heads' Q_i, dO_i in L2 instead of every
+# head's (B1 Hq32 Hk8 N16384, 1024 blocks: grid 10.97 ms, tile-major 11.32).
+WGMMA_WS_TILE_MAJOR_MAX_BLOCKS = 1024
+# None: ws_backward_tile_major's rule; "grid" or "tile-major" forces that order (tools/ws_block_order.py)
+WGMMA_WS_BACKWARD_ORDER = None
 
 
 @_cached
 def ws_backward_splits(p: Problem) -> int:
-    """How many blocks wgmma_bwd_ws gives each (K/V head, tile of keys): 1, or with grouped-query heads and fewer
-    than ``WGMMA_WS_BACKWARD_MIN_BLOCKS`` blocks, enough to reach that many (at most one per query head of the
-    group; no split is left empty)."""
+    """How many blocks wgmma_bwd_ws gives each (K/V head, tile of keys): 1 without grouped-query heads; with them,
+    enough to reach ``WGMMA_WS_BACKWARD_MIN_BLOCKS`` blocks (at most one per query head of the group; no split is
+    left empty), or more, toward ``WGMMA_WS_BACKWARD_MORE_BLOCKS``, while each block keeps query heads enough to
+    stream ``WGMMA_WS_BACKWARD_MIN_ROWS`` query rows."""
     blocks = _cdiv(p.Nk, 128) * p.B * p.kv_heads
-    if p.group == 1 or blocks >= WGMMA_WS_BACKWARD_MIN_BLOCKS:
+    if p.group == 1:
         return 1
-    per = _cdiv(p.group, min(p.group, _cdiv(WGMMA_WS_BACKWARD_MIN_BLOCKS, blocks)))
-    return _cdiv(p.group, per)
+
+    def splits_toward(target: int, min_per: int = 1) -> int:
+        per = max(min_per, _cdiv(p.group, min(p.group, _cdiv(target, blocks))))
+        return _cdiv(p.group, min(per, p.group))
+
+    splits = splits_toward(WGMMA_WS_BACKWARD_MIN_BLOCKS) if blocks < WGMMA_WS_BACKWARD_MIN_BLOCKS else 1
+    if blocks < WGMMA_WS_BACKWARD_MORE_BLOCKS:
+        splits = max(splits, splits_toward(WGMMA_WS_BACKWARD_MORE_BLOCKS, _cdiv(WGMMA_WS_BACKWARD_MIN_ROWS, p.Nq)))
+    return splits
+
+
+@_cached
+def ws_backward_tile_major(p: Problem) -> bool:
+    """Whether wgmma_bwd_ws starts its blocks tile-major (``WGMMA_WS_TILE_MAJOR_MAX_BLOCKS``): each block loops over
+    several query heads, the mask is bounded on one side, and the grid is small; else grid order.
+    ``WGMMA_WS_BACKWARD_ORDER`` forces one."""
+    if WGMMA_WS_BACKWARD_ORDER is not None:
+        if WGMMA_WS_BACKWARD_ORDER not in ("grid", "tile-major"):
+            raise ValueError(f"ws_backward_tile_major: WGMMA_WS_BACKWARD_ORDER must be None, 'grid' or 'tile-major', "
+                             f"got {WGMMA_WS_BACKWARD_ORDER!r}")
+        return WGMMA_WS_BACKWARD_ORDER == "tile-major"
+    splits = ws_backward_splits(p)
+    blocks = _cdiv(p.Nk, 128) * p.B * p.kv_heads * splits
+    one_sided = (p.window[0] >= 0) != (p.window[1] >= 0)
+    return _cdiv(p.group, splits) > 1 and one_sided and blocks < WGMMA_WS_TILE_MAJOR_MAX_BLOCKS
 
 
 @_cached
@@ -587,7 +627,8 @@ def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
     warpgroups of 64 keys (Bc = 128); (Br queries per tile, stages) = config or WGMMA_WS_BACKWARD_CONFIGS[D]
     (Br 64, or 128 at D = 32 and 64); q, k, v, dO reach it as tensor maps; dQ summed into the float32 dQaccum
     (``dq_accum_shape``, zeroed by ``wgmma_bwd_preprocess``) as in wgmma_bwd_fused. Grid z: ``ws_backward_splits`` (> 1: the partial dK, dV go to the
-    float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up)."""
+    float32 dKVpart, ``kv_part_shape``, and ``wgmma_bwd_kv_sum`` adds them up); the order its blocks start in:
+    ``ws_backward_tile_major``."""
     Bc = 128
     Br, stages = config or WGMMA_WS_BACKWARD_CONFIGS[p.D]
     # wgmma_bwd_ws's carve-up: sK, sV (Bc, D); sQ, sdO STAGES x (Br, D); sdS 2 x (Br, Bc), 16-bit; sdQ 2 buffers
@@ -597,7 +638,8 @@ def wgmma_bwd_ws(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
         + 2 * stages * Br * 4 + 8 * (1 + 2 * stages) + 1024
     return LaunchSpec("wgmma_backward.cu", f"wgmma_bwd_ws<{p.D}, {Br}, {stages}, {_bf16(p)}{_dropout_flag(p)}>",
                       (_cdiv(p.Nk, Bc), p.B * p.kv_heads, ws_backward_splits(p)), (384,), smem,
-                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"), _tc_args(p),
+                      ("LSE", "Delta", "dK", "dV", "dQaccum", "dKVpart"),
+                      _tc_args(p) + (("tile_major", np.int32(ws_backward_tile_major(p))),),
                       maps=(("tmQ", "Q", Br), ("tmK", "K", Bc), ("tmV", "V", Bc), ("tmdO", "dO", Br)))
 
 

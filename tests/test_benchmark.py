@@ -760,29 +760,44 @@ def test_sass_summary_reads_both_disassemblers():
     assert ss.disassembler("/no/such/nvdisasm") is None  # a path that is not there: none, not a silent fallback
 
 
-def test_ws_block_order_rewrites_the_kernels_choice():
-    """tools/ws_block_order.py forces either order by rewriting the one line of wgmma_backward.cu that chooses it
-    (so a change to that line fails here, not on the GPU); its table; no GPU: a clear exit."""
-    from flash_attention_cuda import runtime
+def test_ws_block_order_forces_each_order_and_setting():
+    """tools/ws_block_order.py forces each order through launch_specs.WGMMA_WS_BACKWARD_ORDER (the kernel's
+    tile_major argument) and sweeps the split and order rules' settings (--set); its table; bad options; no GPU:
+    a clear exit."""
+    from flash_attention_cuda import launch_specs
     from tools import ws_block_order as wbo
 
-    text = runtime.read_source(wbo.SOURCE)
-    for order, line in wbo.ORDERS.items():
-        forced = wbo.forced_source(text, order)
-        assert wbo.RULE not in forced and forced.count(line) == 1
-    with pytest.raises(ValueError, match="no longer holds the line"):
-        wbo.forced_source("no such line", "grid")
+    P = launch_specs.Problem
+    mqa = P(1, 32, 16384, 16384, 128, "float16", 0.1, (-1, 0), 8)
+    try:
+        for order, tile_major in (("grid", 0), ("tile-major", 1)):
+            launch_specs.WGMMA_WS_BACKWARD_ORDER = order
+            launch_specs.clear_caches()
+            assert launch_specs.wgmma_bwd_ws(mqa).scalars[-1] == ("tile_major", tile_major)
+        launch_specs.WGMMA_WS_BACKWARD_ORDER = "snake"
+        launch_specs.clear_caches()
+        with pytest.raises(ValueError, match="WGMMA_WS_BACKWARD_ORDER must be None, 'grid' or 'tile-major'"):
+            launch_specs.ws_backward_tile_major(mqa)
+    finally:
+        launch_specs.WGMMA_WS_BACKWARD_ORDER = None
+        launch_specs.clear_caches()
     row = dict(B=2, Hq=32, Hk=8, N=4096, D=128, causal=True, picks="tile-major", splits=1,
-               ms={"grid": 2.0, "tile-major": 1.6, "grid m2048": 1.9, "sdpa-cudnn": 1.7})
-    table = wbo.markdown([row], dict(gpu="H100", torch="2", git_commit="abc", min_blocks=512,
+               ms={"grid": 2.0, "tile-major": 1.6, "grid MORE_BLOCKS=1024": 1.9, "sdpa-cudnn": 1.7})
+    table = wbo.markdown([row], dict(gpu="H100", torch="2", git_commit="abc", settings={"WGMMA_WS_BACKWARD_MIN_ROWS": 9},
                                      command="python tools/ws_block_order.py"))
-    assert "| grid ms | tile-major ms | grid m2048 ms | sdpa-cudnn ms | x | kernel picks |" in table
+    assert "| grid ms | tile-major ms | grid MORE_BLOCKS=1024 ms | sdpa-cudnn ms | x | kernel picks |" in table
     assert "| 2 | 32 | 8 | 4096 | 128 | yes | 1 | 2.000 | 1.600 | 1.900 | 1.700 | 1.25 | tile-major |" in table
+    assert "library's settings (MIN_ROWS=9)" in table
     assert wbo.parse_cases("1,32,8,16384,128,1; 2,16,16,4096,64,0") == [(1, 32, 8, 16384, 128, True),
                                                                        (2, 16, 16, 4096, 64, False)]
     for bad, match in (("1,32,8,16384,128", "must be B,Hq,Hk,N,D,causal"), ("1,32,5,64,64,0", "not a multiple")):
         with pytest.raises(ValueError, match=match):
             wbo.parse_cases(bad)
+    assert wbo.parse_settings("WGMMA_WS_BACKWARD_MORE_BLOCKS=1024,WGMMA_WS_BACKWARD_MIN_ROWS=1") == {
+        "WGMMA_WS_BACKWARD_MORE_BLOCKS": 1024, "WGMMA_WS_BACKWARD_MIN_ROWS": 1}
+    for bad in ("MORE_BLOCKS=1", "WGMMA_WS_BACKWARD_MIN_ROWS=x", ","):
+        with pytest.raises(ValueError, match="ws_block_order: --set"):
+            wbo.parse_settings(bad)
     import torch
 
     if not torch.cuda.is_available():

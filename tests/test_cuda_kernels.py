@@ -370,6 +370,20 @@ def test_ws_backward_splits_the_query_heads_of_few_kv_heads(recorded_launches):
     assert launch_specs.ws_backward_splits(P(1, 6, 70, 70, 64, "float16", 0.1, CAUSAL, 2)) == 3  # one head each
     assert launch_specs.ws_backward_splits(P(2, 12, 700, 700, 64, "float16", 0.1, CAUSAL, 1)) == 12
     assert launch_specs.kv_part_shape(mqa) == (2, 4, 4, 4096, 128)
+    # long sequences split further, toward 2048 blocks, while a block keeps 32768 query rows: 16 splits of 2 heads
+    long_mqa = P(1, 32, 16384, 16384, 128, "float16", 0.1, CAUSAL, 1)
+    assert launch_specs.ws_backward_splits(long_mqa) == 16
+    assert launch_specs.ws_backward_splits(long_mqa._replace(Hk=8)) == 2  # 1024 blocks of keys: 2 heads a block
+    assert launch_specs.ws_backward_splits(long_mqa._replace(Nq=4096, Nk=4096, B=2, Hk=8)) == 1  # 4096 rows: no
+    # the order: tile-major where a block loops over several query heads, the mask is bounded on one side and the
+    # grid is under 1024 blocks; else grid order
+    assert launch_specs.ws_backward_tile_major(mqa)  # 512 blocks of 8 heads each, causal
+    assert not launch_specs.ws_backward_tile_major(mqa._replace(window=(-1, -1)))  # not causal
+    assert not launch_specs.ws_backward_tile_major(mqa._replace(window=(64, 64)))  # bounded on both sides
+    assert launch_specs.ws_backward_tile_major(mqa._replace(window=(64, -1)))  # a left bound alone
+    assert not launch_specs.ws_backward_tile_major(long_mqa)  # 2048 blocks
+    assert not launch_specs.ws_backward_tile_major(mqa._replace(H=8, Hk=8))  # one query head a block
+    assert launch_specs.wgmma_bwd_ws(mqa).scalars[-1] == ("tile_major", 1)
     x = make_inputs(1, 4, 33, 70, 64, dtype="bfloat16", kind="torch")
     q, do = x["q"], x["do"]
     k, v = x["k"][:, :1].contiguous(), x["v"][:, :1].contiguous()  # MQA: one K/V head

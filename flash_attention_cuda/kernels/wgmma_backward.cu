@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(384, 1)
                  const float* __restrict__ LSE, const float* __restrict__ Delta, unsigned short* __restrict__ dK,
                  unsigned short* __restrict__ dV, float* __restrict__ dQaccum, float* __restrict__ dKVpart, int Nq,
                  int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
-                 unsigned seed_lo, unsigned seed_hi) {
+                 unsigned seed_lo, unsigned seed_hi, int tile_major) {
     using namespace wgmma_bwd_detail;
     static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (Br == 64 || (Br == 128 && D <= 64)),
                   "D in {32, 64, 96, 128}; Br 64 (or 128 at D = 32, 64)");
@@ -480,13 +480,11 @@ __global__ void __launch_bounds__(384, 1)
     const int tid = threadIdx.x, wg = tid / 128;
     // The block's (tile of keys, K/V head, split). In grid order (x, the tile, fastest) a head's tiles run
     // together and share the Q_i, dO_i they stream in L2. Where the tiles' work differs (a mask bounded on one
-    // side: causal) and a block loops over several query heads (GQA), a late head's heaviest tiles would start
-    // in the last wave and run on alone: the blocks then start tile-major instead (L, the launch order, with the
-    // tile slowest), every head's heaviest tile first and the lightest last. H100, B2 Hq32 Hk8 N4096 D128 causal:
-    // 1.82 against 2.04 ms; for one query head a block (no GQA) tile-major measured 5-10 % slower: L2
-    // (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
+    // side: causal), a block loops over several query heads (GQA) and the grid is a few waves, a late head's
+    // heaviest tiles would start in the last wave and run on alone: tile_major (launch_specs.ws_backward_tile_major
+    // decides) starts the blocks tile-major instead (L, the launch order, with the tile slowest), every head's
+    // heaviest tile first and the lightest last (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
     const int per = (group + gridDim.z - 1) / gridDim.z;  // query heads per block of the split
-    const bool tile_major = per > 1 && (mask.right >= 0) != (mask.left >= 0);
     const unsigned HZ = gridDim.y * gridDim.z, L = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     const unsigned hz = tile_major ? L % HZ : blockIdx.y + gridDim.y * blockIdx.z;  // (head, split), y fastest
     const int kt = !tile_major ? (int)blockIdx.x
@@ -745,7 +743,7 @@ __global__ void __launch_bounds__(NWG * 128, 1)
 #define FA_WGMMA_WS_BWD_PARAMS                                                                               \
     (const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, const __grid_constant__ tma::TmaMap, \
      const __grid_constant__ tma::TmaMap, const float*, const float*, unsigned short*, unsigned short*, float*,   \
-     float*, int, int, float, int, int, int, float, unsigned, unsigned)
+     float*, int, int, float, int, int, int, float, unsigned, unsigned, int)
 #define FA_WGMMA_WS_BWD_INST(D, BR, ST, BF)                                      \
     template __global__ void wgmma_bwd_ws<D, BR, ST, BF> FA_WGMMA_WS_BWD_PARAMS; \
     template __global__ void wgmma_bwd_ws<D, BR, ST, BF, true> FA_WGMMA_WS_BWD_PARAMS;
