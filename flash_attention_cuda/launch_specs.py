@@ -569,17 +569,19 @@ WGMMA_WS_BACKWARD_CONFIGS = {32: (128, 2), 64: (128, 2), 96: (64, 2), 128: (64, 
 WGMMA_WS_BACKWARD_MIN_BLOCKS = 512
 # ... and further, toward this many blocks, where every block still streams at least WGMMA_WS_BACKWARD_MIN_ROWS
 # query rows (its query heads times Nq): each split adds a float32 partial dK, dV (2 B Hk Nk D floats written
-# and read again by wgmma_bwd_kv_sum), a cost that only a long block's work hides. H200, B1 Hq32 Hk1 N16384 D128
-# causal: 512 blocks (4 splits) 11.69 ms, 2048 blocks (16 splits) 10.90; B2 Hq32 Hk8 N4096: 512 blocks 1.61 ms,
-# 2048 blocks (one query head a block) 1.82 (tools/ws_block_order.py, docs/results/cuda/ws_block_order/).
+# and read again by wgmma_bwd_kv_sum), a cost that only a long block's work hides. On an H200, causal:
+# B1 Hq32 Hk1 N16384 D128: 512 blocks (4 splits) 11.69 ms, 2048 blocks (16 splits) 10.89;
+# B2 Hq32 Hk8 N4096 D128: 512 blocks 1.61 ms, 2048 blocks (one query head a block) 1.82
+# (tools/ws_block_order.py, docs/results/cuda/ws_block_order/h200_rules_before/).
 WGMMA_WS_BACKWARD_MORE_BLOCKS = 2048
 WGMMA_WS_BACKWARD_MIN_ROWS = 32768
 # wgmma_bwd_ws starts its blocks tile-major (every head's heaviest tile of keys in the first wave) where a block
 # loops over several query heads, the mask is bounded on one side (causal) and the grid has fewer blocks than
 # this (about 8 per SM): with a few waves, grid order would start the last heads' heaviest blocks in the last
-# wave, to run on alone (B2 Hq32 Hk8 N4096 D128 causal, 512 blocks, H200: 1.61 ms against 1.74); with many, the
-# last wave is short whatever the order, and grid order keeps a few heads' Q_i, dO_i in L2 instead of every
-# head's (B1 Hq32 Hk8 N16384, 1024 blocks: grid 10.97 ms, tile-major 11.32).
+# wave, to run on alone (B2 Hq32 Hk8 N4096 D128 causal, 512 blocks, tile-major against grid order on an
+# H200: 1.61 ms against 1.74); with many, the last wave is short whatever the order, and grid order keeps a few
+# heads' Q_i, dO_i in L2 instead of every head's (B1 Hq32 Hk8 N16384 D128 causal,
+# 1024 blocks: grid 10.97 ms, tile-major 11.32).
 WGMMA_WS_TILE_MAJOR_MAX_BLOCKS = 1024
 # None: ws_backward_tile_major's rule; "grid" or "tile-major" forces that order (tools/ws_block_order.py)
 WGMMA_WS_BACKWARD_ORDER = None

@@ -1169,6 +1169,40 @@ def gqa_h200_figures(R):
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
 
 
+def ws_block_order_h200_figures(R):
+    """wgmma_bwd_ws's block order and split on an H200 (cuda/ws_block_order/: h200_rules_before at b301c0a, h200 at
+    9d8e0a2, tools/ws_block_order.py --cudnn), and the GQA section's causal backwards at N = 16384 of the run at
+    9d8e0a2, as performance.md quotes them."""
+    def rows(folder):
+        return {(r["Hk"], r["N"], r["causal"]): r["ms"] for r in R.json(f"cuda/ws_block_order/{folder}/ws_block_order.json")["rows"]}
+
+    before, after = rows("h200_rules_before"), rows("h200")
+    b8, b1, b4 = before[(8, 16384, True)], before[(1, 16384, True)], before[(8, 4096, True)]
+    a8, a1, a4 = after[(8, 16384, True)], after[(1, 16384, True)], after[(8, 4096, True)]
+    old = "tile-major MORE_BLOCKS=512"  # the rules before: no split past 512 blocks, tile-major (per > 1, causal)
+    var = {(r["Hk"], r["mode"], r["causal"], r["N"]): r for r in R.json("benchmark/h200-variants/gqa/variants.json")["summary"]}
+    v8, v1 = var[(8, "bwd", True, 16384)], var[(1, "bwd", True, 16384)]
+    en = [
+        f"tile-major is the slower order at N = 16384 (Hk = 8: {b8['tile-major']:.2f} ms against {b8['grid']:.2f} in grid order)",
+        f"ran faster split into 16 blocks a tile of keys than into 4 ({b1['grid m2048']:.2f} against {b1['grid']:.2f} ms)",
+        f"timed alone {a8['grid']:.2f} and {a1['grid']:.2f} ms against cuDNN's {a8['sdpa-cudnn']:.2f} and "
+        f"{a1['sdpa-cudnn']:.2f} (Hk = 8 and 1, causal, N = 16384), where the rules before gave {a8[old]:.2f} and {a1[old]:.2f}",
+        f"({a4['tile-major']:.2f} against {a4['grid']:.2f} ms at Hk = 8)",
+        f"{v8['ms']['cuda-wgmma-ws']:.2f} and {v1['ms']['cuda-wgmma-ws']:.2f} ms against cuDNN's "
+        f"{v8['ms']['sdpa-cudnn']:.2f} and {v1['ms']['sdpa-cudnn']:.2f}",
+    ]
+    zh = [
+        f"在 N = 16384 时键块优先是较慢的顺序（Hk = 8：{b8['tile-major']:.2f} ms，网格顺序为 {b8['grid']:.2f}）",
+        f"每个键块拆成 16 个线程块比拆成 4 个更快（{b1['grid m2048']:.2f} ms 对 {b1['grid']:.2f}）",
+        f"单独计时为 {a8['grid']:.2f} 和 {a1['grid']:.2f} ms，cuDNN 为 {a8['sdpa-cudnn']:.2f} 和 {a1['sdpa-cudnn']:.2f}"
+        f"（Hk = 8 和 1，因果，N = 16384），之前的规则为 {a8[old]:.2f} 和 {a1[old]:.2f}",
+        f"（Hk = 8 时 {a4['tile-major']:.2f} ms 对 {a4['grid']:.2f}）",
+        f"{v8['ms']['cuda-wgmma-ws']:.2f} 和 {v1['ms']['cuda-wgmma-ws']:.2f} ms，cuDNN 为 "
+        f"{v8['ms']['sdpa-cudnn']:.2f} 和 {v1['ms']['sdpa-cudnn']:.2f}",
+    ]
+    return [("docs/performance.md", t) for t in en] + [("docs/zh/performance.md", t) for t in zh]
+
+
 def mma_backward_figures(R):
     """The mma rung's two backwards (kernel 'mma', two kernels; 'mma-fused', one kernel with atomic dQ) beside FA2,
     from cuda/mma_backward/backward_kernels.json (tools/cuda_backward_kernels.py --mma-only)."""
@@ -1446,7 +1480,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + forward_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + forward_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
