@@ -877,6 +877,22 @@ def t_variants_targets(R, lang):
     alternative in every recorded case (the rows of variants-compare), forward and backward."""
     sections = {"window": [e for e in _variants(R, "window") if e["section"] == "window"], "gqa": _variants(R, "gqa"),
                 "dropout": _variants(R, "dropout")}
+    return _variants_targets_table(sections, lang)
+
+
+H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: gqa/ and window-dropout/
+
+
+def t_variants_targets_h200(R, lang):
+    """The same targets from the H200 records (window and dropout from one run, GQA from another)."""
+    wd = R.json(f"{H200_VARIANTS}/window-dropout/variants.json")["summary"]
+    sections = {"window": [e for e in wd if e["section"] == "window"],
+                "gqa": R.json(f"{H200_VARIANTS}/gqa/variants.json")["summary"],
+                "dropout": [e for e in wd if e["section"] == "dropout"]}
+    return _variants_targets_table(sections, lang)
+
+
+def _variants_targets_table(sections, lang):
     names = {"window": ("sliding window (FlexAttention with a block mask)", "滑动窗口（带块掩码的 FlexAttention）"),
              "gqa": ("GQA/MQA (SDPA with enable_gqa)", "GQA/MQA（enable_gqa 的 SDPA）"),
              "dropout": ("dropout (SDPA's kernels with dropout_p)", "dropout（带 dropout_p 的 SDPA kernel）")}
@@ -1067,6 +1083,7 @@ TABLES = {
     "hopper-targets": t_hopper_targets,
     "hopper-targets-h200": t_hopper_targets_h200,
     "variants-targets": t_variants_targets,
+    "variants-targets-h200": t_variants_targets_h200,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
@@ -1166,6 +1183,21 @@ def gqa_h200_figures(R):
           f"{sum(v < 1.0 for v in ws)} of {len(ws)} rows of cuda-wgmma-ws below 1.0×")
     zh = (f"Triton 为最佳替代的 {span(tri, f2, '×')}，cuda-wgmma-ws 为 {span(ws, f2, '×')}，"
           f"cuda-wgmma-ws 的 {len(ws)} 行中 {sum(v < 1.0 for v in ws)} 行低于 1.0×")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+
+
+def h200_window_figures(R):
+    """The window section on an H200 (benchmark/h200-variants/window-dropout, commit c2a73a0): Triton and cuda-wgmma-ws
+    over FlexAttention, forward and backward, as performance.md's *Window* bullet quotes them."""
+    rows = [e for e in R.json(f"{H200_VARIANTS}/window-dropout/variants.json")["summary"] if e["section"] == "window"]
+
+    def x(backend, mode):
+        return span([e["vs_best_alternative"][backend] for e in rows if e["mode"] == mode], f2, "×")
+
+    en = (f"forward {x('cuda-wgmma-ws', 'fwd')} FlexAttention for cuda-wgmma-ws and {x('triton', 'fwd')} for Triton; "
+          f"backward {x('triton', 'bwd')} (Triton) and {x('cuda-wgmma-ws', 'bwd')} (the CUDA backward)")
+    zh = (f"前向 cuda-wgmma-ws 为 FlexAttention 的 {x('cuda-wgmma-ws', 'fwd')}，Triton 为 {x('triton', 'fwd')}；"
+          f"反向 Triton 为 {x('triton', 'bwd')}，CUDA 反向为 {x('cuda-wgmma-ws', 'bwd')}")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
 
 
@@ -1488,7 +1520,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + forward_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
