@@ -587,13 +587,18 @@ WGMMA_WS_TILE_MAJOR_MAX_BLOCKS = 1024
 WGMMA_WS_BACKWARD_ORDER = None
 
 
+def _ws_key_blocks(p: Problem) -> int:
+    """wgmma_bwd_ws's blocks before any split: one per tile of 128 keys of each K/V head (grid x times y)."""
+    return _cdiv(p.Nk, 128) * p.B * p.kv_heads
+
+
 @_cached
 def ws_backward_splits(p: Problem) -> int:
     """How many blocks wgmma_bwd_ws gives each (K/V head, tile of keys): 1 without grouped-query heads; with them,
     enough to reach ``WGMMA_WS_BACKWARD_MIN_BLOCKS`` blocks (at most one per query head of the group; no split is
     left empty), or more, toward ``WGMMA_WS_BACKWARD_MORE_BLOCKS``, while each block keeps query heads enough to
     stream ``WGMMA_WS_BACKWARD_MIN_ROWS`` query rows."""
-    blocks = _cdiv(p.Nk, 128) * p.B * p.kv_heads
+    blocks = _ws_key_blocks(p)
     if p.group == 1:
         return 1
 
@@ -618,7 +623,7 @@ def ws_backward_tile_major(p: Problem) -> bool:
                              f"got {WGMMA_WS_BACKWARD_ORDER!r}")
         return WGMMA_WS_BACKWARD_ORDER == "tile-major"
     splits = ws_backward_splits(p)
-    blocks = _cdiv(p.Nk, 128) * p.B * p.kv_heads * splits
+    blocks = _ws_key_blocks(p) * splits
     one_sided = (p.window[0] >= 0) != (p.window[1] >= 0)
     return _cdiv(p.group, splits) > 1 and one_sided and blocks < WGMMA_WS_TILE_MAJOR_MAX_BLOCKS
 
