@@ -65,6 +65,15 @@ PROFILES = {
     # kernels beside FlexAttention's one
     "triton-bwd-d128-window": ("triton", "bwd", "float16", 4, 16, 4096, 128, True, 0.0, (512, 0)),
     "flex-bwd-d128-window": ("flex", "bwd", "float16", 4, 16, 4096, 128, True, 0.0, (512, 0)),
+    # the mma rung against FlashAttention-2, whose warp layout its one-kernel backward copies: the backward at
+    # D = 64 and 128, and both at N = 1024, where a block loops over few tiles
+    "cuda-mma-bwd-d64": ("cuda-mma", "bwd", "float16", 4, 16, 4096, 64, False),
+    "sdpa-flash-bwd-d64": ("sdpa-flash", "bwd", "float16", 4, 16, 4096, 64, False),
+    "sdpa-flash-bwd-d128": ("sdpa-flash", "bwd", "float16", 4, 16, 4096, 128, False),
+    "cuda-mma-fwd-d128-n1024": ("cuda-mma", "fwd", "float16", 4, 16, 1024, 128, False),
+    "sdpa-flash-fwd-d128-n1024": ("sdpa-flash", "fwd", "float16", 4, 16, 1024, 128, False),
+    "cuda-mma-bwd-d64-n1024": ("cuda-mma", "bwd", "float16", 4, 32, 1024, 64, False),
+    "sdpa-flash-bwd-d64-n1024": ("sdpa-flash", "bwd", "float16", 4, 32, 1024, 64, False),
 }
 
 SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables"]
