@@ -41,7 +41,8 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 template <int D>
 __device__ __forceinline__ void load_a(unsigned (&a)[4], unsigned sA, int a_row0, int kk) {
     const int lane = threadIdx.x % 32;
-    ldmatrix_x4(a, sA + swz<D>(a_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, kk * 2 + (lane >> 4)));
+    const SwzPtr<D> pa(sA, a_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);  // the same for every kk
+    ldmatrix_x4(a, pa.at(0, kk * 2));
 }
 
 // acc[m] (16 x 8NT) += A_m B^T for MT row tiles m = 0 .. MT - 1 at once, the sum over D: B = rows b_row0 ..
@@ -52,6 +53,7 @@ template <int D, int NT, int MT, bool BF16, class AFrag>
 __device__ __forceinline__ void mma_abt_rows(float (&acc)[MT][NT][4], AFrag a_frag, unsigned sB, int b_row0) {
     static_assert(NT % 2 == 0, "two n8 tiles per ldmatrix.x4");
     const int lane = threadIdx.x % 32;
+    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         unsigned a[MT][4];
@@ -60,7 +62,7 @@ __device__ __forceinline__ void mma_abt_rows(float (&acc)[MT][NT][4], AFrag a_fr
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {  // two n8 tiles per ldmatrix.x4
             unsigned b[4];
-            ldmatrix_x4(b, sB + swz<D>(b_row0 + np * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1)));
+            ldmatrix_x4(b, pb.at(np * 16, kk * 2));
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 mma_16816<BF16>(acc[m][2 * np], a[m], b[0], b[1]);
@@ -86,6 +88,7 @@ template <int D, int KS, int MT, bool BF16, int DC, class AFrag>
 __device__ __forceinline__ void mma_ab_frags(float (&acc)[MT][DC / 8][4], AFrag a_frag, unsigned sB, int b_row0,
                                              int col0) {
     const int lane = threadIdx.x % 32;
+    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8 + (lane >> 4));  // col0 % DC == 0
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
         unsigned a[MT][4];
@@ -94,8 +97,7 @@ __device__ __forceinline__ void mma_ab_frags(float (&acc)[MT][DC / 8][4], AFrag 
 #pragma unroll
         for (int dp = 0; dp < DC / 16; ++dp) {
             unsigned b[4];
-            const int b_row = b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(b, sB + swz<D>(b_row, col0 / 8 + dp * 2 + (lane >> 4)));
+            ldmatrix_x4_trans(b, pb.at(kk * 16, dp * 2));
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 mma_16816<BF16>(acc[m][2 * dp], a[m], b[0], b[1]);
@@ -111,13 +113,13 @@ template <int D, int KS, int MT, bool BF16, int DC = D>
 __device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][DC / 8][4], const unsigned (&a)[MT][KS][4], unsigned sB,
                                             int b_row0, int col0 = 0) {
     const int lane = threadIdx.x % 32;
+    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8 + (lane >> 4));  // col0 % DC == 0
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
         for (int dp = 0; dp < DC / 16; ++dp) {
             unsigned b[4];
-            const int b_row = b_row0 + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-            ldmatrix_x4_trans(b, sB + swz<D>(b_row, col0 / 8 + dp * 2 + (lane >> 4)));
+            ldmatrix_x4_trans(b, pb.at(kk * 16, dp * 2));
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 mma_16816<BF16>(acc[m][2 * dp], a[m][kk], b[0], b[1]);

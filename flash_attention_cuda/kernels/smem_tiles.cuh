@@ -25,6 +25,32 @@ __device__ __forceinline__ unsigned swz(int row, int chunk) {
     }
 }
 
+// The address of (row0 + dr, chunk0 + dc) in a swizzled tile, for a thread that reads many (dr, dc) from one
+// (row0, chunk0): row0 and chunk0 come from its lane and the warp's place (known only at run time), dr and dc from an
+// unrolled loop (known at compile time). SwzPtr<D>(tile, row0, chunk0) works out the thread's part once; at(dr, dc)
+// adds the loop's. Where D % 64 == 0 and
+//   - the tile starts 128-byte aligned (row * 2D and the tile's start then leave address bits 4..6 zero),
+//   - dr is a multiple of 8 (row & 7, the swizzle's term, stays row0 & 7), and
+//   - dc's low three bits and chunk0's have no bit in common ((chunk0 + dc) ^ x = (chunk0 ^ x) ^ dc there),
+// the swizzle's XOR by dc's low bits is a XOR of address bits 4..6 and the rest an offset the instruction carries:
+// (base ^ ((dc & 7) << 4)) + dr * 2D + (dc & ~7) * 16, one LOP3 at most and none when dc % 8 == 0, where swz would
+// recompute row & 7, the XOR, the multiply and the add on every read. D = 32 and 96 compute swz as it is.
+template <int D>
+struct SwzPtr {
+    unsigned tile;
+    int row0, chunk0;
+    unsigned base;  // tile + swz<D>(row0, chunk0)
+    __device__ __forceinline__ SwzPtr(unsigned tile_, int row0_, int chunk0_)
+        : tile(tile_), row0(row0_), chunk0(chunk0_), base(tile_ + swz<D>(row0_, chunk0_)) {}
+    __device__ __forceinline__ unsigned at(int dr, int dc) const {
+        if constexpr (D % 64 == 0) {
+            return (base ^ ((dc & 7) << 4)) + dr * (D * 2) + ((dc & ~7) << 4);
+        } else {
+            return tile + swz<D>(row0 + dr, chunk0 + dc);
+        }
+    }
+};
+
 // async copy of rows [row0, row0 + ROWS) of a (N, D) half matrix into a swizzled tile; rows >= N -> 0.
 // Where a row's CHUNKS = D / 8 chunks divide the block, thread tid always moves chunk c = tid % CHUNKS of rows
 // r0 + i * STEP (r0 = tid / CHUNKS). When STEP is a multiple of 8 the swizzle term (r & 7) is the same for all of
