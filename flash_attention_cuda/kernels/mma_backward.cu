@@ -279,20 +279,21 @@ __global__ void __launch_bounds__(NWARPS * 32)
 namespace mma_bwd_detail {
 // mma_ab_frags' a_frag for A = the transpose of a (rows, 128) 16-bit swizzled tile (P^T of sP, dS^T of sdS):
 // A_m's fragment of k-step kk = the tile's columns row0 + 16 m .. + 15 (A's rows) x its rows 16 kk .. + 15
+template <bool SPLIT>
 __device__ __forceinline__ auto trans_a(unsigned sT, int row0) {
     // matrix lane / 8: tile rows + 8 (lane / 16), tile columns + 8 ((lane / 8) % 2); row0 a multiple of 32
     const int lane = threadIdx.x % 32;
-    const SwzPtr<128> pt(sT, (lane & 7) + ((lane >> 4) & 1) * 8, row0 / 8 + ((lane >> 3) & 1));
+    const SwzPtr<128, SPLIT> pt(sT, (lane & 7) + ((lane >> 4) & 1) * 8, row0 / 8 + ((lane >> 3) & 1));
     return [pt](unsigned (&a)[4], int m, int kk) {  // tile rows 16 kk + .., columns row0 + 16 m + ..
         ldmatrix_x4_trans(a, pt.at(16 * kk, 2 * m));
     };
 }
 // the warp's 16 x 8NT fp32 block at (row0, col0) of a 16-bit (rows, 128) swizzled tile, packed in pairs
-template <int NT, bool BF16>
+template <int NT, bool BF16, bool SPLIT>
 __device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4], int row0, int col0) {
     // element (n, 2h) sits at row row0 + g + 8h, column col0 + 8n + 2t: chunk col0 / 8 + n (col0 a multiple of 32),
     // byte 4t of it, which rides in the start (bits 2 and 3; SwzPtr's XOR touches bits 4..6 only)
-    const SwzPtr<128> ps(sT + 4 * (threadIdx.x % 4), row0 + acc_row(0), col0 / 8);
+    const SwzPtr<128, SPLIT> ps(sT + 4 * (threadIdx.x % 4), row0 + acc_row(0), col0 / 8);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -320,6 +321,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
     // warp, or 1 where that would leave D / WC = 24 columns, at D = 96)
     constexpr int MQ = (D / (8 / (Br / 32))) % 16 == 0 ? 2 : 1, WC = 8 / (Br / (16 * MQ)), DQC = D / WC;
     static_assert(DQC % 16 == 0, "dQ columns a warp");
+    constexpr bool SPLIT = D % 128 == 0;  // sP and sdS addressed as the head-dim tiles are (smem_tiles.cuh, SwzPtr)
     extern __shared__ __align__(128) unsigned char smem[];
     using Layout = Smem<D, Bc, Br>;  // K_j and V_j stay, Q_i and dO_i stream
     constexpr unsigned Q_BYTES = Layout::STREAM_BYTES;
@@ -381,14 +383,14 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
                     // P_ij = exp2(S_ij scale_log2 - lse2_i), dS_ij = P_ij o (dP_ij - Delta_i)  (DROPOUT: bwd::p_and_ds)
                     bwd::p_and_ds<false, DROPOUT>(P_ij[m], dS_ij[m], lse2, delta_i, scale_log2, mask, i0 + r,
                                                   k0 + s_col, drop);
-                    store_tile<4, BF16>(sP, P_ij[m], r, s_col);
-                    store_tile<4, BF16>(sdS, dS_ij[m], r, s_col);
+                    store_tile<4, BF16, SPLIT>(sP, P_ij[m], r, s_col);
+                    store_tile<4, BF16, SPLIT>(sdS, dS_ij[m], r, s_col);
                 }
             }
             __syncthreads();  // sP and sdS hold the whole (Br, Bc) tile
             // dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i  (dK times softmax_scale at the end)
-            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a(sP, kv_row), db, 0, kv_col);
-            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a(sdS, kv_row), qb, 0, kv_col);
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a<SPLIT>(sP, kv_row), db, 0, kv_col);
+            mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a<SPLIT>(sdS, kv_row), qb, 0, kv_col);
             // dQ_i += dS_ij K_j, atomically into dQaccum (stream_loop syncs before sP, sdS are written again)
             float dq[MQ][DQC / 8][4];
 #pragma unroll

@@ -34,16 +34,21 @@ __device__ __forceinline__ unsigned swz(int row, int chunk) {
 //   - dc's low three bits and chunk0's have no bit in common ((chunk0 + dc) ^ x = (chunk0 ^ x) ^ dc there),
 // the swizzle's XOR by dc's low bits is a XOR of address bits 4..6 and the rest an offset the instruction carries:
 // (base ^ ((dc & 7) << 4)) + dr * 2D + (dc & ~7) * 16, one LOP3 at most and none when dc % 8 == 0, where swz would
-// recompute row & 7, the XOR, the multiply and the add on every read. D = 32 and 96 compute swz as it is.
-template <int D>
+// recompute row & 7, the XOR, the multiply and the add on every read (CuTe's swizzled layouts do the same).
+// SPLIT chooses it; by default where D % 128 == 0, the choice a kernel at head dim 64 also makes for its other tiles
+// (SwzPtr<128, false>): at D = 128 it lifted the one-kernel mma backward by 1-2 % on an H200; at D = 64 ptxas kept
+// a XOR'd base per k-step in registers, the mma forward spilled, and forward and backward ran 1-3 % slower
+// (docs/results/cuda/mma_backward/swizzle_addresses/). Otherwise (and always at D = 32 and 96) at() computes swz.
+template <int D, bool SPLIT = D % 128 == 0>
 struct SwzPtr {
+    static_assert(!SPLIT || D % 64 == 0, "the split needs rows of whole 128-byte groups");
     unsigned tile;
     int row0, chunk0;
     unsigned base;  // tile + swz<D>(row0, chunk0)
     __device__ __forceinline__ SwzPtr(unsigned tile_, int row0_, int chunk0_)
         : tile(tile_), row0(row0_), chunk0(chunk0_), base(tile_ + swz<D>(row0_, chunk0_)) {}
     __device__ __forceinline__ unsigned at(int dr, int dc) const {
-        if constexpr (D % 64 == 0) {
+        if constexpr (SPLIT) {
             return (base ^ ((dc & 7) << 4)) + dr * (D * 2) + ((dc & ~7) << 4);
         } else {
             return tile + swz<D>(row0 + dr, chunk0 + dc);
