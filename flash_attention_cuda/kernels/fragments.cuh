@@ -41,7 +41,7 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 template <int D>
 __device__ __forceinline__ void load_a(unsigned (&a)[4], unsigned sA, int a_row0, int kk) {
     const int lane = threadIdx.x % 32;
-    const SwzPtr<D> pa(sA, a_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);  // the same for every kk
+    const SwzPtr<D> pa(sA, a_row0, (lane & 7) + ((lane >> 3) & 1) * 8, 0, lane >> 4);
     ldmatrix_x4(a, pa.at(0, kk * 2));
 }
 
@@ -53,7 +53,7 @@ template <int D, int NT, int MT, bool BF16, class AFrag>
 __device__ __forceinline__ void mma_abt_rows(float (&acc)[MT][NT][4], AFrag a_frag, unsigned sB, int b_row0) {
     static_assert(NT % 2 == 0, "two n8 tiles per ldmatrix.x4");
     const int lane = threadIdx.x % 32;
-    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
+    const SwzPtr<D> pb(sB, b_row0, (lane & 7) + (lane >> 4) * 8, 0, (lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         unsigned a[MT][4];
@@ -88,7 +88,7 @@ template <int D, int KS, int MT, bool BF16, int DC, class AFrag>
 __device__ __forceinline__ void mma_ab_frags(float (&acc)[MT][DC / 8][4], AFrag a_frag, unsigned sB, int b_row0,
                                              int col0) {
     const int lane = threadIdx.x % 32;
-    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8 + (lane >> 4));  // col0 % DC == 0
+    const SwzPtr<D> pb(sB, b_row0, (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8, lane >> 4);  // col0 % DC == 0
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
         unsigned a[MT][4];
@@ -113,7 +113,7 @@ template <int D, int KS, int MT, bool BF16, int DC = D>
 __device__ __forceinline__ void mma_ab_rows(float (&acc)[MT][DC / 8][4], const unsigned (&a)[MT][KS][4], unsigned sB,
                                             int b_row0, int col0 = 0) {
     const int lane = threadIdx.x % 32;
-    const SwzPtr<D> pb(sB, b_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8 + (lane >> 4));  // col0 % DC == 0
+    const SwzPtr<D> pb(sB, b_row0, (lane & 7) + ((lane >> 3) & 1) * 8, col0 / 8, lane >> 4);  // col0 % DC == 0
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll

@@ -279,27 +279,37 @@ __global__ void __launch_bounds__(NWARPS * 32)
 namespace mma_bwd_detail {
 // mma_ab_frags' a_frag for A = the transpose of a (rows, 128) 16-bit swizzled tile (P^T of sP, dS^T of sdS):
 // A_m's fragment of k-step kk = the tile's columns row0 + 16 m .. + 15 (A's rows) x its rows 16 kk .. + 15
+// (SPLIT: through SwzPtr, smem_tiles.cuh; otherwise swz on every read)
 template <bool SPLIT>
 __device__ __forceinline__ auto trans_a(unsigned sT, int row0) {
-    // matrix lane / 8: tile rows + 8 (lane / 16), tile columns + 8 ((lane / 8) % 2); row0 a multiple of 32
-    const int lane = threadIdx.x % 32;
-    const SwzPtr<128, SPLIT> pt(sT, (lane & 7) + ((lane >> 4) & 1) * 8, row0 / 8 + ((lane >> 3) & 1));
-    return [pt](unsigned (&a)[4], int m, int kk) {  // tile rows 16 kk + .., columns row0 + 16 m + ..
-        ldmatrix_x4_trans(a, pt.at(16 * kk, 2 * m));
-    };
+    if constexpr (SPLIT) {
+        // matrix lane / 8: tile rows + 8 (lane / 16), tile columns + 8 ((lane / 8) % 2); row0 a multiple of 32
+        const int lane = threadIdx.x % 32;
+        const SwzPtr<128> pt(sT, 0, (lane & 7) + ((lane >> 4) & 1) * 8, row0 / 8, (lane >> 3) & 1);
+        return [pt](unsigned (&a)[4], int m, int kk) {  // tile rows 16 kk + .., columns row0 + 16 m + ..
+            ldmatrix_x4_trans(a, pt.at(16 * kk, 2 * m));
+        };
+    } else {
+        return [sT, row0](unsigned (&a)[4], int m, int kk) {
+            const int lane = threadIdx.x % 32;
+            const int r = 16 * kk + (lane & 7) + ((lane >> 4) & 1) * 8, c = row0 + 16 * m + ((lane >> 3) & 1) * 8;
+            ldmatrix_x4_trans(a, sT + swz<128>(r, c / 8));
+        };
+    }
 }
 // the warp's 16 x 8NT fp32 block at (row0, col0) of a 16-bit (rows, 128) swizzled tile, packed in pairs
 template <int NT, bool BF16, bool SPLIT>
 __device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4], int row0, int col0) {
-    // element (n, 2h) sits at row row0 + g + 8h, column col0 + 8n + 2t: chunk col0 / 8 + n (col0 a multiple of 32),
-    // byte 4t of it, which rides in the start (bits 2 and 3; SwzPtr's XOR touches bits 4..6 only)
-    const SwzPtr<128, SPLIT> ps(sT + 4 * (threadIdx.x % 4), row0 + acc_row(0), col0 / 8);
+    // SPLIT: element (n, 2h) sits at row row0 + g + 8h, column col0 + 8n + 2t: chunk col0 / 8 + n (col0 a multiple
+    // of 32), byte 4t of it, which rides in the start (bits 2 and 3; SwzPtr's XOR touches bits 4..6 only)
+    const SwzPtr<128, true> ps(sT + 4 * (threadIdx.x % 4), row0, acc_row(0), col0 / 8, 0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // rows g and g + 8
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ps.at(8 * h, n)),
-                         "r"(pack2<BF16>(acc[n][2 * h], acc[n][2 * h + 1]))
+            const int r = row0 + acc_row(2 * h), c = col0 + acc_col(n, 0);
+            const unsigned addr = SPLIT ? ps.at(8 * h, n) : sT + swz<128>(r, c / 8) + (c % 8) * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack2<BF16>(acc[n][2 * h], acc[n][2 * h + 1]))
                          : "memory");
         }
 }

@@ -25,33 +25,35 @@ __device__ __forceinline__ unsigned swz(int row, int chunk) {
     }
 }
 
-// The address of (row0 + dr, chunk0 + dc) in a swizzled tile, for a thread that reads many (dr, dc) from one
-// (row0, chunk0): row0 and chunk0 come from its lane and the warp's place (known only at run time), dr and dc from an
-// unrolled loop (known at compile time). SwzPtr<D>(tile, row0, chunk0) works out the thread's part once; at(dr, dc)
-// adds the loop's. Where D % 64 == 0 and
+// The address of (row, chunk) = (row_base + dr + row_lane, chunk_base + dc + chunk_lane) in a swizzled tile, for a
+// thread that reads many (dr, dc) from one place: the bases come from the warp's place and the lane parts from the
+// thread's lane (both known only at run time), dr and dc from an unrolled loop (known at compile time).
+// SwzPtr<D>(tile, row_base, row_lane, chunk_base, chunk_lane) works out the thread's part once; at(dr, dc) adds the
+// loop's. Where D % 64 == 0 and
 //   - the tile starts 128-byte aligned (row * 2D and the tile's start then leave address bits 4..6 zero),
-//   - dr is a multiple of 8 (row & 7, the swizzle's term, stays row0 & 7), and
-//   - dc's low three bits and chunk0's have no bit in common ((chunk0 + dc) ^ x = (chunk0 ^ x) ^ dc there),
+//   - dr is a multiple of 8 (row & 7, the swizzle's term, stays the thread's own), and
+//   - dc's low three bits and those of chunk_base + chunk_lane have no bit in common (so that
+//     (chunk_base + chunk_lane + dc) ^ x = ((chunk_base + chunk_lane) ^ x) ^ dc),
 // the swizzle's XOR by dc's low bits is a XOR of address bits 4..6 and the rest an offset the instruction carries:
-// (base ^ ((dc & 7) << 4)) + dr * 2D + (dc & ~7) * 16, one LOP3 at most and none when dc % 8 == 0, where swz would
-// recompute row & 7, the XOR, the multiply and the add on every read (CuTe's swizzled layouts do the same).
-// SPLIT chooses it; by default where D % 128 == 0, the choice a kernel at head dim 64 also makes for its other tiles
-// (SwzPtr<128, false>): at D = 128 it lifted the one-kernel mma backward by 1-2 % on an H200; at D = 64 ptxas kept
-// a XOR'd base per k-step in registers, the mma forward spilled, and forward and backward ran 1-3 % slower
-// (docs/results/cuda/mma_backward/swizzle_addresses/). Otherwise (and always at D = 32 and 96) at() computes swz.
+// (base ^ ((dc & 7) << 4)) + dr * 2D + (dc & ~7) * 16, one LOP3 at most and none when dc % 8 == 0, where swz
+// recomputes row & 7, the XOR, the multiply and the add on every read (CuTe's swizzled layouts do the same).
+// SPLIT chooses it, by default where D % 128 == 0: at D = 128 it lifted the one-kernel mma backward by 1-2 % on an
+// H200 and the D = 256 forward by 2-3 %; at D = 64 ptxas kept a XOR'd base per k-step in registers and spilled, and
+// forward and backward ran 1-3 % slower (docs/results/cuda/mma_backward/swizzle_addresses/). Otherwise at()
+// computes swz as the sum it always was, so those kernels compile as before.
 template <int D, bool SPLIT = D % 128 == 0>
 struct SwzPtr {
     static_assert(!SPLIT || D % 64 == 0, "the split needs rows of whole 128-byte groups");
     unsigned tile;
-    int row0, chunk0;
-    unsigned base;  // tile + swz<D>(row0, chunk0)
-    __device__ __forceinline__ SwzPtr(unsigned tile_, int row0_, int chunk0_)
-        : tile(tile_), row0(row0_), chunk0(chunk0_), base(tile_ + swz<D>(row0_, chunk0_)) {}
+    int row_base, row_lane, chunk_base, chunk_lane;
+    __device__ __forceinline__ SwzPtr(unsigned tile_, int row_base_, int row_lane_, int chunk_base_, int chunk_lane_)
+        : tile(tile_), row_base(row_base_), row_lane(row_lane_), chunk_base(chunk_base_), chunk_lane(chunk_lane_) {}
     __device__ __forceinline__ unsigned at(int dr, int dc) const {
         if constexpr (SPLIT) {
+            const unsigned base = tile + swz<D>(row_base + row_lane, chunk_base + chunk_lane);  // the thread's part
             return (base ^ ((dc & 7) << 4)) + dr * (D * 2) + ((dc & ~7) << 4);
         } else {
-            return tile + swz<D>(row0 + dr, chunk0 + dc);
+            return tile + swz<D>(row_base + dr + row_lane, chunk_base + dc + chunk_lane);
         }
     }
 };
