@@ -302,7 +302,7 @@ template <int NT, bool BF16, bool SPLIT>
 __device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4], int row0, int col0) {
     // SPLIT: element (n, 2h) sits at row row0 + g + 8h, column col0 + 8n + 2t: chunk col0 / 8 + n (col0 a multiple
     // of 32), byte 4t of it, which rides in the start (bits 2 and 3; SwzPtr's XOR touches bits 4..6 only)
-    const SwzPtr<128, true> ps(sT + 4 * (threadIdx.x % 4), row0, acc_row(0), col0 / 8, 0);
+    const SwzPtr<128, SPLIT> ps(sT + 4 * (threadIdx.x % 4), row0, acc_row(0), col0 / 8, 0);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
