@@ -92,27 +92,24 @@ __device__ __forceinline__ void load_rows(float* sL, float* sDl, const float* ls
     for (int r = threadIdx.x; r < ROWS; r += blockDim.x) query_row(sL[r], sDl[r], lse, delta, row0 + r, Nq);
 }
 
-// ... the same without waiting: lse (natural log) and Delta of queries [row0, row0 + ROWS) copied as they are by
-// cp.async into the shared arrays sL and sDl (rows >= Nq get 0), in the caller's copy group. A load_rows in a
-// double-buffered loop stalls the block once a tile on the load's round trip (the store to shared memory waits
-// for it, and the block's barrier for that store); these copies land with the tiles. Read them back with
-// query_row_smem.
+// ... the same without stalling a tile on the load's round trip (a load_rows in a double-buffered loop waits for
+// its loads at the store, and the block's barrier for the store), for a loop whose tiles read lse2 and Delta from
+// shared memory: thread r < ROWS of the block loads row row0 + r of the *next* tile early in a tile (fetch; rows
+// >= Nq: lse -inf, Delta 0) and stores it late in the same tile (put; lse in log2 units, +inf for -inf as
+// query_row gives), into the buffer the last tile used, which the loop's barrier then hands to the next. The
+// conversion runs once a row, not once for each thread that reads the row (16 in mma_bwd_fused).
 template <int ROWS>
-__device__ __forceinline__ void load_rows_async(unsigned sL, unsigned sDl, const float* lse, const float* delta,
-                                                int row0, int Nq) {
-    for (int r = threadIdx.x; r < ROWS; r += blockDim.x) {
-        const bool in = row0 + r < Nq;
-        ptx::cp_async_4(sL + 4 * r, in ? lse + row0 + r : lse, in ? 4 : 0);
-        ptx::cp_async_4(sDl + 4 * r, in ? delta + row0 + r : delta, in ? 4 : 0);
+struct NextRows {
+    float lse = FA_NEG_INF, delta = 0.0f;
+    __device__ __forceinline__ void fetch(const float* lse_, const float* delta_, int row0, int Nq) {
+        const int row = row0 + threadIdx.x;
+        lse = FA_NEG_INF, delta = 0.0f;
+        if (threadIdx.x < ROWS && row < Nq) lse = lse_[row], delta = delta_[row];
     }
-}
-// lse in log2 units and Delta of row r of a tile from row0 on, from load_rows_async's copies (as query_row)
-__device__ __forceinline__ void query_row_smem(float& lse2, float& delta_i, const float* sL, const float* sDl, int r,
-                                               int row0, int Nq) {
-    const bool in = row0 + r < Nq;
-    lse2 = in ? lse2_of(sL[r]) : FA_POS_INF;
-    delta_i = in ? sDl[r] : 0.0f;
-}
+    __device__ __forceinline__ void put(float* sL, float* sDl) const {
+        if (threadIdx.x < ROWS) sL[threadIdx.x] = lse2_of(lse), sDl[threadIdx.x] = delta;
+    }
+};
 
 // whether the warp's 16 x 8NT block at (row0, col0) must apply the mask pair by pair (masks.cuh's needs_mask)
 template <bool KEY_ROWS, int NT>
@@ -198,17 +195,31 @@ __device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_i
     if (tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0)) zero_hidden<KEY_ROWS, false>(dS_ij, dS_ij, mask, row0, col0);
 }
 
-// Both halves at once: without dropout, p_tile then ds_tile. With it the test stays pair by pair, beside the
-// keep mask's Philox draw: a second pass there makes ptxas spill (hundreds of bytes a thread in wgmma_bwd_ws).
+// Both halves at once. Without dropout the arithmetic runs on every pair, P_ij first and dS_ij from it, and a
+// block that needs the mask then zeroes the hidden pairs of both in one pass (a hidden P_ij is not zeroed before
+// dS_ij is formed from it: the pass overwrites both, and every visible pair reads the same P_ij either way).
+// block_may_mask: false when the caller knows that its whole tile needs no mask (masks.cuh's needs_mask over the
+// block's tile, the same for every warp), so that the warp's own test is not evaluated at all.
+// DROPOUT: the test stays pair by pair, beside the keep mask's Philox draw (a second pass there made ptxas spill,
+// hundreds of bytes a thread in wgmma_bwd_ws).
 template <bool KEY_ROWS, bool DROPOUT, int NT>
 __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
                                          const float* delta, float scale_log2, const fa::Mask& mask, int row0,
-                                         int col0, const Dropout& drop) {
+                                         int col0, const Dropout& drop, bool block_may_mask = true) {
+    const bool check = block_may_mask && tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
     if constexpr (!DROPOUT) {
-        p_tile<KEY_ROWS>(P_ij, lse2, scale_log2, mask, row0, col0);
-        ds_tile<KEY_ROWS>(dS_ij, P_ij, delta, mask, row0, col0);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+                // P_ij = exp2(S_ij scale_log2 - lse2_i); P_ij[n][e] holds S_ij here
+                P_ij[n][e] = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));
+                // dS_ij = P_ij o (dP_ij - Delta_i); dS_ij[n][e] holds dP_ij here
+                dS_ij[n][e] = P_ij[n][e] * (dS_ij[n][e] - delta[slot]);
+            }
+        if (check) zero_hidden<KEY_ROWS, true>(P_ij, dS_ij, mask, row0, col0);
     } else {
-        const bool check = tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0);
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll

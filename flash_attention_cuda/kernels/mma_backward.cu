@@ -106,13 +106,19 @@ __device__ __forceinline__ Smem<D, STAY, STREAM> smem_layout(unsigned char* smem
     return {base, base + STAY * D * 2, stream0, stream0 + 2 * Smem<D, STAY, STREAM>::STREAM_BYTES};
 }
 
-// p[0] += a, p[1] += b, atomically: two columns of dQaccum per instruction (red.global.add.v2.f32 on sm_90)
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+// p[0] += a, p[1] += b, atomically, where `on`: two columns of dQaccum per instruction (red.global.add.v2.f32 on
+// sm_90, predicated in the instruction itself, so that neither a branch nor the address's arithmetic sits around it)
+__device__ __forceinline__ void red_add2(bool on, float* p, float a, float b) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+    asm volatile(
+        "{\n.reg .pred on;\nsetp.ne.b32 on, %3, 0;\n@on red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(p),
+        "f"(a), "f"(b), "r"((int)on)
+        : "memory");
 #else
-    atomicAdd(p, a);
-    atomicAdd(p + 1, b);
+    if (on) {
+        atomicAdd(p, a);
+        atomicAdd(p + 1, b);
+    }
 #endif
 }
 }  // namespace mma_bwd_detail
@@ -297,18 +303,22 @@ __device__ __forceinline__ auto trans_a(unsigned sT, int row0) {
         };
     }
 }
-// the warp's 16 x 8NT fp32 block at (row0, col0) of a 16-bit (rows, 128) swizzled tile, packed in pairs
-template <int NT, bool BF16, bool SPLIT>
-__device__ __forceinline__ void store_tile(unsigned sT, const float (&acc)[NT][4], int row0, int col0) {
-    // SPLIT: element (n, 2h) sits at row row0 + g + 8h, column col0 + 8n + 2t: chunk col0 / 8 + n (col0 a multiple
-    // of 32), byte 4t of it, which rides in the start (bits 2 and 3; SwzPtr's XOR touches bits 4..6 only)
-    const SwzPtr<128, SPLIT> ps(sT + 4 * (threadIdx.x % 4), row0, acc_row(0), col0 / 8, 0);
+// The warp's 16 x 32 fp32 block at rows dr + .. of the warp's place in a 16-bit (rows, 128) swizzled tile, packed
+// in pairs. `at` is the thread's address of its first pair there, row row0 + g, columns col0 + 2t (pair_at, once
+// a kernel). Element (n, 2h) sits at row row0 + dr + g + 8h, columns col0 + 8n + 2t: dr + 8h is a multiple of 8,
+// so the row keeps the swizzle term g, and chunk col0 / 8 + n (col0 a multiple of 32, n < 4) swizzles to that of
+// chunk col0 / 8 with bits 0..1 flipped by n. Its address is `at` with address bits 4..5 XOR'd by n plus an
+// offset the instruction carries (the tile starts 128-byte aligned; smem_tiles.cuh, SwzPtr).
+__device__ __forceinline__ unsigned pair_at(unsigned sT, int row0, int col0) {
+    return sT + swz<128>(row0 + acc_row(0), col0 / 8) + 4 * (threadIdx.x % 4);
+}
+template <bool BF16>
+__device__ __forceinline__ void store_block(unsigned at, const float (&acc)[4][4], int dr) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int n = 0; n < 4; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // rows g and g + 8
-            const int r = row0 + acc_row(2 * h), c = col0 + acc_col(n, 0);
-            const unsigned addr = SPLIT ? ps.at(8 * h, n) : sT + swz<128>(r, c / 8) + (c % 8) * 2;
+            const unsigned addr = (at ^ (n << 4)) + (dr + 8 * h) * 256;
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack2<BF16>(acc[n][2 * h], acc[n][2 * h + 1]))
                          : "memory");
         }
@@ -338,7 +348,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
     const Layout sm = smem_layout<D, Bc, Br>(smem);
     const unsigned sK = sm.stay0, sV = sm.stay1, sQ = sm.stream0, sdO = sm.stream1;
     const unsigned sP = smem_u32(smem) + Layout::BYTES, sdS = sP + Br * Bc * 2;  // (Br, Bc) 16-bit, swz<128>
-    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES + 2 * Br * Bc * 2);  // 2 x Br: lse (load_rows_async)
+    float* sL = reinterpret_cast<float*>(smem + Layout::BYTES + 2 * Br * Bc * 2);  // 2 x Br: lse2 (NextRows)
     float* sDl = sL + 2 * Br;                                                     // 2 x Br: Delta
 
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
@@ -354,17 +364,25 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
     const float *lse = LSE + bh * Nq, *delta = Delta + bh * Nq;
     float* dq_rows = dQaccum + bh * Nq * D;
     const TileSpan tiles = q_tiles(mask, k0, k0 + Bc, Br);  // the same for every query head
+    const unsigned p_at = pair_at(sP, s_row, s_col);          // the thread's first pair of P_ij in sP (dS_ij: sdS)
 
-    const auto stream = [&](int it, int b) {  // Q_i, dO_i, lse2 and Delta of Q tile `it` of head bh into buffer b
+    const auto stream = [&](int it, int b) {  // Q_i and dO_i of Q tile `it` of head bh into buffer b
         const int i0 = (tiles.first + it) * Br;
         load_tile_async<Br, D, NTHREADS>(sQ + b * Q_BYTES, q, i0, Nq);
         load_tile_async<Br, D, NTHREADS>(sdO + b * Q_BYTES, dout, i0, Nq);
-        load_rows_async<Br>(smem_u32(sL + b * Br), smem_u32(sDl + b * Br), lse, delta, i0, Nq);  // as they are
+    };
+    NextRows<Br> rows;  // lse2 and Delta of the next Q tile, through registers (backward_common.cuh)
+    const auto first_tile = [&] {  // Q tile 0 of head bh into buffer 0, its rows at once (the loop's barrier waits)
+        if (tiles.count > 0) {
+            stream(0, 0);
+            rows.fetch(lse, delta, tiles.first * Br, Nq);
+            rows.put(sL, sDl);
+        }
+        cp_async_commit();
     };
     load_tile_async<Bc, D, NTHREADS>(sK, k, k0, Nk);  // K_j and V_j stay for every query head of the group
     load_tile_async<Bc, D, NTHREADS>(sV, v, k0, Nk);
-    if (tiles.count > 0) stream(0, 0);
-    cp_async_commit();
+    first_tile();
 
     float dk[2][D / 16][4], dv[2][D / 16][4];  // the warp's 32 keys x D/2 columns of dK_j and dV_j
 #pragma unroll
@@ -374,6 +392,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
         stream_loop(tiles.count, stream, [&](int it, int buf) {
             const int i0 = (tiles.first + it) * Br;
             const unsigned qb = sQ + buf * Q_BYTES, db = sdO + buf * Q_BYTES;
+            // the same for every warp: whether any pair of this (Br, Bc) tile is hidden or out of range; where none
+            // is, no warp tests its own block
+            const bool tile_may_mask = mask.needs_mask(i0, i0 + Br, k0, k0 + Bc);
             {
                 // S_ij = Q_i K_j^T, dP_ij = dO_i V_j^T: the warp's Br/2 queries x 32 keys
                 float P_ij[MS][4][4], dS_ij[MS][4][4];  // hold S_ij and dP_ij first
@@ -388,16 +409,18 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
                     const int r = s_row + 16 * m;
                     float lse2[2], delta_i[2];  // this thread's two query rows g, g + 8
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        query_row_smem(lse2[h], delta_i[h], sL + buf * Br, sDl + buf * Br, r + acc_row(2 * h), i0, Nq);
+                    for (int h = 0; h < 2; ++h)  // as NextRows stored them
+                        lse2[h] = sL[buf * Br + r + acc_row(2 * h)], delta_i[h] = sDl[buf * Br + r + acc_row(2 * h)];
                     // P_ij = exp2(S_ij scale_log2 - lse2_i), dS_ij = P_ij o (dP_ij - Delta_i)  (DROPOUT: bwd::p_and_ds)
                     bwd::p_and_ds<false, DROPOUT>(P_ij[m], dS_ij[m], lse2, delta_i, scale_log2, mask, i0 + r,
-                                                  k0 + s_col, drop);
-                    store_tile<4, BF16, SPLIT>(sP, P_ij[m], r, s_col);
-                    store_tile<4, BF16, SPLIT>(sdS, dS_ij[m], r, s_col);
+                                                  k0 + s_col, drop, tile_may_mask);
+                    store_block<BF16>(p_at, P_ij[m], 16 * m);
+                    store_block<BF16>(p_at + (sdS - sP), dS_ij[m], 16 * m);
                 }
             }
             __syncthreads();  // sP and sdS hold the whole (Br, Bc) tile
+            const bool has_next = it + 1 < tiles.count;
+            if (has_next) rows.fetch(lse, delta, i0 + Br, Nq);  // stored at the end of this tile
             // dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i  (dK times softmax_scale at the end)
             mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dv, trans_a<SPLIT>(sP, kv_row), db, 0, kv_col);
             mma_ab_frags<D, Br / 16, 2, BF16, D / 2>(dk, trans_a<SPLIT>(sdS, kv_row), qb, 0, kv_col);
@@ -407,24 +430,33 @@ __global__ void __launch_bounds__(NWARPS * 32, 1)
             for (int m = 0; m < MQ; ++m) zero(dq[m]);
             mma_ab_frags<D, Bc / 16, MQ, BF16, DQC>(
                 dq, [&](unsigned (&a)[4], int m, int kk) { load_a<Bc>(a, sdS, q_row + 16 * m, kk); }, sK, 0, q_col);
+            // the thread's first pair, row i0 + q_row + g, columns q_col + 2t; the others at offsets the
+            // instruction carries. Rows >= Nq are skipped, tested only on a tile that reaches past Nq (the same
+            // for every warp)
+            float* dq_at = dq_rows + (long long)(i0 + q_row + acc_row(0)) * D + q_col + acc_col(0, 0);
+            const int rows_left = i0 + Br <= Nq ? Br : Nq - (i0 + q_row + acc_row(0));
+            const auto add_dq = [&](bool whole) {
 #pragma unroll
-            for (int m = 0; m < MQ; ++m)
+                for (int m = 0; m < MQ; ++m)
 #pragma unroll
-                for (int n = 0; n < DQC / 8; ++n)
+                    for (int n = 0; n < DQC / 8; ++n)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {  // rows g and g + 8
-                        const int row = i0 + q_row + 16 * m + acc_row(2 * h);
-                        if (row < Nq)
-                            red_add2(dq_rows + (long long)row * D + q_col + acc_col(n, 0), dq[m][n][2 * h],
-                                     dq[m][n][2 * h + 1]);
-                    }
+                        for (int h = 0; h < 2; ++h)  // rows g and g + 8
+                            red_add2(whole || 16 * m + 8 * h < rows_left, dq_at + (16 * m + 8 * h) * D + 8 * n,
+                                     dq[m][n][2 * h], dq[m][n][2 * h + 1]);
+            };
+            if (i0 + Br <= Nq)
+                add_dq(true);
+            else
+                add_dq(false);
+            // the next tile's rows into the buffer the last tile read (stream_loop's barrier hands it on)
+            if (has_next) rows.put(sL + (buf ^ 1) * Br, sDl + (buf ^ 1) * Br);
         });
         if (!GQA || ++g == group) break;  // (GQA false: compiled without the loop)
         // the next query head (stream_loop has waited for its copies and synced after its last tile)
         ++bh;
         q += Nq * D, dout += Nq * D, lse += Nq, delta += Nq, dq_rows += Nq * D;
-        if (tiles.count > 0) stream(0, 0);
-        cp_async_commit();
+        first_tile();
     }
     const float softmax_scale = scale_log2 * FA_LN2;
 #pragma unroll
