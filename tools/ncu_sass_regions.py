@@ -8,6 +8,10 @@
     # anywhere:
     python tools/ncu_sass_regions.py results/ws_bwd_source.csv
 
+    # the instructions executed, opcode by opcode, and the integer arithmetic in front of each kind of
+    # memory or tensor instruction (mostly its address), of the export's largest kernel:
+    python tools/ncu_sass_regions.py --opcodes results/mma_bwd_source.csv
+
 The SASS is cut at the instructions where a warp waits or meets others (``WARPGROUP.DEPBAR``, ``WARPGROUP.ARRIVE``,
 ``BAR.SYNC``, mbarrier ``SYNCS``, ``MEMBAR``, ``EXIT``); for each region it prints the share of the stall samples,
 the instructions executed per execution of the region's last instruction (for a loop body: per tile and warp),
@@ -30,6 +34,62 @@ def _num(x: str) -> float:
         return float(x.replace(",", ""))
     except ValueError:
         return 0.0
+
+
+INTEGER = {"IMAD", "LOP3", "SHF", "LEA", "VIADD", "IADD3", "SEL", "ISETP", "PRMT", "MOV", "VIMNMX", "VIADDMNMX",
+           "PLOP3"}  # integer arithmetic, compares and moves
+ANCHORS = {"LDSM", "STS", "LDS", "REDG", "LDGSTS", "LDG", "STG", "HMMA", "MUFU", "F2FP", "FFMA", "FMUL", "FADD",
+           "FSEL", "FSETP", "BRA", "BSSY", "BSYNC", "BAR"}  # what the integer instructions before them are charged to
+
+
+def kernel_rows(path: str) -> tuple[str, list[str], list[list[str]]]:
+    """The source export's largest kernel: (its name, the header row, its instruction rows). An export holds one
+    section per profiled kernel, each opened by a "Kernel Name" row."""
+    sections, cur = [], None
+    for r in csv.reader(open(path, newline="")):
+        if r and r[0] == "Kernel Name":
+            cur = [r[1] if len(r) > 1 else "", None, []]
+            sections.append(cur)
+        elif "Source" in r and "Address" in r:
+            if cur is None:
+                cur = ["", None, []]
+                sections.append(cur)
+            cur[1] = r
+        elif cur is not None and cur[1] is not None and len(r) == len(cur[1]):
+            cur[2].append(r)
+    name, hdr, data = max(sections, key=lambda s: len(s[2]))
+    return name, hdr, data
+
+
+def opcodes(path: str, top: int = 30) -> list[str]:
+    """Executed instructions by opcode, and the integer instructions executed since the last anchor charged to the
+    next one (STS: the stores' addresses; REDG: the atomics'), for the export's largest kernel."""
+    name, hdr, data = kernel_rows(path)
+    ix = {h: i for i, h in enumerate(hdr)}
+    executed, samples = ix["Instructions Executed"], ix["Warp Stall Sampling (All Samples)"]
+    ops, stall, charged, anchors, pending = Counter(), Counter(), Counter(), Counter(), 0.0
+    for r in data:
+        m = re.match(r"(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", r[ix["Source"]].strip())
+        if not m:
+            continue
+        op, n = m.group(2), _num(r[executed])
+        ops[op] += n
+        stall[op] += _num(r[samples])
+        if op in INTEGER:
+            pending += n
+        elif op in ANCHORS:
+            charged[op] += pending
+            anchors[op] += n
+            pending = 0.0
+    total, samples_total = sum(ops.values()) or 1.0, sum(stall.values()) or 1.0
+    out = [f"{path}: {name[:100]}", f"instructions executed: {total:,.0f}", "",
+           "opcode      executed   share  stall samples"]
+    out += [f"{op:9s} {n:12,.0f} {100 * n / total:6.1f}% {100 * stall[op] / samples_total:6.1f}%"
+            for op, n in ops.most_common(top)]
+    out += ["", "integer instructions executed before each kind of instruction (since the previous one of these kinds)",
+            "before      integer      count"]
+    out += [f"{op:9s} {charged[op]:12,.0f} {anchors[op]:12,.0f}" for op, _ in charged.most_common() if charged[op]]
+    return out
 
 
 def regions(path: str, min_share: float = 0.3) -> list[str]:
@@ -90,13 +150,15 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="?", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--min-share", type=float, default=0.3, help="print regions with at least this %% of samples")
     ap.add_argument("--run-backward", type=int, metavar="D", help="run the wgmma-ws backward at head dim D (for ncu)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="instructions by opcode and the integer arithmetic before each kind, largest kernel")
     args = ap.parse_args(argv)
     if args.run_backward:
         run_backward(args.run_backward)
         return 0
     if not args.csv:
         ap.error("give the source export, or --run-backward D under ncu")
-    print("\n".join(regions(args.csv, args.min_share)))
+    print("\n".join(opcodes(args.csv) if args.opcodes else regions(args.csv, args.min_share)))
     return 0
 
 
