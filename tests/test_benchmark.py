@@ -734,6 +734,34 @@ def test_kernel_breakdown_sums_each_kernel_per_call():
             kb.main(["--out", "/tmp/unused"])
 
 
+def test_ncu_sass_regions_opcodes_reads_the_largest_kernel(tmp_path):
+    """tools/ncu_sass_regions.py --opcodes: of an Nsight Compute source export holding several kernels' sections,
+    the largest kernel's instructions by opcode (predicates and modifiers dropped), and the integer instructions
+    in front of each kind of memory or tensor instruction charged to it."""
+    from tools import ncu_sass_regions as nsr
+
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    small = [["0x0", "LDC R1, c[0x0][0x28]", "1", "8"]]
+    big = [["0x0", "IMAD R2, R3, 0x80, R4", "2", "100"], ["0x10", "LOP3.LUT R2, R2, 0x10, RZ, 0x3c, !PT", "1", "100"],
+           ["0x20", "STS [R2], R5", "3", "100"], ["0x30", "@!P0 IMAD.MOV.U32 R6, RZ, RZ, R7", "0", "50"],
+           ["0x40", "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR4][R8.64], R10", "4", "50"],
+           ["0x50", "HMMA.16816.F32 R12, R16, R20, R12", "10", "400"]]
+    path = tmp_path / "source.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        for name, rows in (("small_kernel", small), ("big_kernel", big)):
+            w.writerow(["Kernel Name", name])
+            w.writerow(hdr)
+            w.writerows(rows)
+    text = "\n".join(nsr.opcodes(str(path)))
+    assert "big_kernel" in text and "small_kernel" not in text
+    assert "instructions executed: 800" in text
+    lines = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln.strip()}
+    assert lines["IMAD"][1] == "150" and lines["HMMA"][1] == "400"  # IMAD and IMAD.MOV (predicated) together
+    charged = {ln.split()[0]: ln.split()[1:] for ln in text.split("before      integer")[1].splitlines()[1:]}
+    assert charged == {"STS": ["200", "100"], "REDG": ["50", "50"]}  # IMAD + LOP3 before STS; the IMAD.MOV before REDG
+
+
 def test_sass_summary_reads_both_disassemblers():
     """tools/sass_summary.py splits cuobjdump's and nvdisasm's listings into kernels alike, counts opcodes without
     their modifiers or predicates, and pairs each kernel with nvcc's registers and spills; an nvdisasm that is not
