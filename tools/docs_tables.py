@@ -496,9 +496,12 @@ FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on a
 
 
 def t_hopper_targets_h200(R, lang):
-    """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER), with the H200's rounds record."""
+    """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER), with the H200's rounds record
+    and the seeds' configuration there (benchmark/h200-seed, h200-seed-calling-thread: commit 04bf2ff, whose kernels
+    are 345603b's)."""
     out = _preset_targets(R, H200_HOPPER, lang)
     out.insert(1, _rounds_target(R, lang, FORWARD_ROUNDS_H200))
+    out += _seed_targets(R, lang, "h200")
     return table([H(lang, *h) for h in TARGETS_HEADER], out)
 
 
@@ -610,9 +613,9 @@ def _host_time_target(R, lang):
             measured, verdict]
 
 
-def _seed_targets(R, lang):
-    """Issue 16's seeds' configuration rows (B8 H12 N1024 D64 fp16, h100-seed), with the backward on the calling
-    thread beside them (h100-seed-calling-thread, --autograd-thread calling), for each rung."""
+def _seed_targets(R, lang, gpu="h100"):
+    """Issue 16's seeds' configuration rows (B8 H12 N1024 D64 fp16, {gpu}-seed), with the backward on the calling
+    thread beside them ({gpu}-seed-calling-thread, --autograd-thread calling), for each rung."""
     def ratios(run, name, modes):
         return [bench_row(R, run, name, "float16", 1024, mode=m, causal=c)["tflops"]
                 / bench_row(R, run, "sdpa-flash", "float16", 1024, mode=m, causal=c)["tflops"]
@@ -620,8 +623,8 @@ def _seed_targets(R, lang):
 
     out = []
     for name in ("triton", "cuda-wgmma-ws", "cuda-wgmma", "cuda-mma"):
-        vals = ratios("h100-seed", name, ("fwd", "bwd"))
-        calling = ratios("h100-seed-calling-thread", name, ("bwd",))
+        vals = ratios(f"{gpu}-seed", name, ("fwd", "bwd"))
+        calling = ratios(f"{gpu}-seed-calling-thread", name, ("bwd",))
         below = sum(v < 1.0 for v in vals)
         out.append([H(lang, f"seeds' configuration: {name} ≥ 1.0× FA2, forward and backward, causal and not "
                             "(backward on the calling thread)",
@@ -1281,7 +1284,7 @@ def mma_fused_layout_figures(R):
                    for r in R.json(f"{FUSED_LAYOUT}/paired_1f3b48f/{shape}/backward_kernels.json")["rows"]], f2, "×")
     en = [("docs/backend_cuda.md", f"the one kernel is {two} the two at D =\n64, 96 and 128"),
           ("docs/backend_cuda.md", f"and {two32} at D = 32, where a tile of 32 columns"),
-          ("docs/backend_cuda.md", f"Against FA2 it is at {fa2_1k} at N = 1024 and {fa2_4k} at N = 4096"),
+          ("docs/backend_cuda.md", f"Against FA2 it was then at {fa2_1k} at N = 1024 and {fa2_4k} at N = 4096"),
           ("docs/backend_cuda.md", f"the one kernel was {sync} slower"),
           ("docs/results/cuda/mma_backward/fused_layout/README.md", f"{two} at D = 64, 96 and 128"),
           ("docs/results/cuda/mma_backward/fused_layout/README.md", f"{two32} at D = 32"),
@@ -1290,7 +1293,7 @@ def mma_fused_layout_figures(R):
           ("docs/backend_cuda.md", f"measured {paired} and was taken out again")]
     zh = [("docs/zh/backend_cuda.md", f"单 kernel 是两个 kernel 的 {two}"),
           ("docs/zh/backend_cuda.md", f"D = 32 时为 {two32}"),
-          ("docs/zh/backend_cuda.md", f"它在 N = 1024 时为 {fa2_1k}，N = 4096 时为 {fa2_4k}"),
+          ("docs/zh/backend_cuda.md", f"它当时在 N = 1024 时为 {fa2_1k}，N = 4096 时为 {fa2_4k}"),
           ("docs/zh/backend_cuda.md", f"单 kernel 这样做时慢 {sync}"),
           ("docs/zh/backend_cuda.md", f"实测为 {paired}，又被移除了")]
     return en + zh
