@@ -760,6 +760,7 @@ def test_ncu_sass_regions_opcodes_reads_the_largest_kernel(tmp_path):
     assert lines["IMAD"][1] == "150" and lines["HMMA"][1] == "400"  # IMAD and IMAD.MOV (predicated) together
     charged = {ln.split()[0]: ln.split()[1:] for ln in text.split("before      integer")[1].splitlines()[1:]}
     assert charged == {"STS": ["200", "100"], "REDG": ["50", "50"]}  # IMAD + LOP3 before STS; the IMAD.MOV before REDG
+    assert "6 SASS instructions" in nsr.regions(str(path))[0]  # the region report reads the same kernel
 
 
 def test_sass_summary_reads_both_disassemblers():

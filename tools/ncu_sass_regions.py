@@ -93,10 +93,9 @@ def opcodes(path: str, top: int = 30) -> list[str]:
 
 
 def regions(path: str, min_share: float = 0.3) -> list[str]:
-    """The report's lines for the source export at path (regions under min_share % of the samples folded in)."""
-    rows = list(csv.reader(open(path, newline="")))
-    start = next(i for i, r in enumerate(rows) if "Source" in r and "Address" in r)
-    hdr, data = rows[start], [r for r in rows[start + 1:] if len(r) == len(rows[start])]
+    """The report's lines for the source export at path (regions under min_share % of the samples folded in), for
+    its largest kernel (kernel_rows)."""
+    _, hdr, data = kernel_rows(path)
     ix = {h: i for i, h in enumerate(hdr)}
     samples, executed = ix["Warp Stall Sampling (All Samples)"], ix["Instructions Executed"]
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
