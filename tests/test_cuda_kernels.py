@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from benchmarks.presets import CONFIG_CANDIDATES
-from flash_attention_py import attention_reference, attention_reference_grads, make_inputs
+from flash_attention_py import attention_naive, attention_reference, attention_reference_grads, make_inputs
+from flash_attention_py.testing import FLOOR, LSE_FLOOR
 from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
@@ -732,6 +733,33 @@ def test_long_sequence_matches_reference(kernel):
     for causal in (False, True):
         o = flash_attn_cuda(q, k, v, causal=causal, kernel=kernel)
         assert _err(o, attention_reference(q, k, v, causal=causal)) < 5e-3
+
+
+@gpu
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_lazy_rescale_with_growing_scores(kernel, dtype, D):
+    """The forwards keep a row's old max as the softmax's reference while the warp's rows grow theirs by at most
+    2^8 (frag::online_softmax's lazy rescale). Here each row's scores climb along the keys at a slope of its own,
+    from -1 to 3 over the rows: the warps of the steepest rows outgrow their reference by up to 2^17 a tile of
+    128 keys (a rescale every tile), the gentlest by less than 2^8 (no rescale after the first tile), falling
+    rows keep their first tile's max, and one warp straddles the two. O and lse are within the harness's
+    tolerance: twice naive attention's error in the same dtype, plus its floor."""
+    B, H, Nq, Nk = 1, 2, 200, 1100
+    q, k, v, _ = _inputs(B, H, Nq, Nk, D, "float32", seed=3)
+    slope = torch.linspace(-1.0, 3.0, Nq, device="cuda")
+    q[..., 0] = 4.0 * slope                                  # score_ij = q_i0 k_j0 / sqrt(D) + noise climbs by
+    k[..., 0] = torch.linspace(0.0, 25.0 * math.sqrt(D) / 3.0, Nk, device="cuda")  # 100 slope / 3 over the keys
+    q, k, v = (x.to(getattr(torch, dtype)).contiguous() for x in (q, k, v))
+    for causal in (False, True):
+        o, lse = flash_attn_cuda(q, k, v, causal=causal, kernel=kernel, return_lse=True)
+        o_ref, lse_ref = attention_reference(q, k, v, causal=causal, return_lse=True)
+        o_naive, lse_naive = attention_naive(q, k, v, causal=causal, return_lse=True)
+        for name, out, ref, naive, floor in (("o", o, o_ref, o_naive, FLOOR[dtype]),
+                                             ("lse", lse, lse_ref, lse_naive, LSE_FLOOR[dtype])):
+            err, bound = _err(out, ref), 2.0 * _err(naive, ref) + floor
+            assert err <= bound, (name, causal, err, bound)
 
 
 # every config the benchmark's tile-config sweep tries (benchmarks/presets.py)

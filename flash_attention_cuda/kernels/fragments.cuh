@@ -315,8 +315,20 @@ __device__ __forceinline__ RowKeys row_keys(const fa::Mask& mask, int row0, int 
 //   P_ij  = exp2(S_ij * scale_log2 - m_new)
 //   l_i   = alpha * l_i + rowsum(P_ij)              (this thread's columns; finish_rows adds the row's 4 parts)
 // A row that has seen no key yet (m_new = -inf) takes 0 for m_new in the exponents: P_ij = exp2(-inf) = 0.
-template <int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m_i)[2], float (&l_i)[2], float (&alpha)[2],
+// Returns whether acc must be rescaled by alpha: always, unless LAZY.
+//
+// LAZY: lazy rescaling (FlashAttention-4's rule). m_i is only the reference the exponents are taken from, and
+// any reference gives the same O = acc / l_i and lse = m_i + log2 l_i, as long as P_ij = exp2(S_ij * scale_log2 -
+// m_i) stays in range. So where every row of the warp grows its max by at most RESCALE_SLACK (log2 units), the
+// rows keep their old m_i: alpha = exp2(0) = 1, P_ij <= 2^8 = 256 (exact in fp32 and in the fp16/bf16 P
+// fragments, far below their largest values), and the function returns false: the caller skips acc's rescale,
+// D / 2 multiplies a thread. After the first tiles a row's max rarely grows by a factor of 256, so most tiles skip
+// it. It pays where the rescale sits on the tensor cores' path (wgmma_ws.cu's turn at D = 128); where the
+// multiplies hide behind the exp2s anyway (mma.cu, wgmma.cu), the branch costs more than it saves
+// (docs/results/cuda/forward_lazy_rescale/).
+constexpr float RESCALE_SLACK = 8.0f;
+template <int NT, bool LAZY = false>
+__device__ __forceinline__ bool online_softmax(float (&s)[NT][4], float (&m_i)[2], float (&l_i)[2], float (&alpha)[2],
                                                float scale_log2, const RowKeys& rk, int col0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -335,16 +347,31 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m_i)[2
         m_ij[0] = fmaxf(m_ij[0], fmaxf(s[n][0], s[n][1]));
         m_ij[1] = fmaxf(m_ij[1], fmaxf(s[n][2], s[n][3]));
     }
-    float m_use[2];
+    float m_new[2], m_use[2];
+    bool keep = true;  // LAZY: every row of this thread may keep its reference m_i
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the 4 threads of a group hold one row: reduce over them
         m_ij[h] = fmaxf(m_ij[h], __shfl_xor_sync(0xffffffffu, m_ij[h], 1));
         m_ij[h] = fmaxf(m_ij[h], __shfl_xor_sync(0xffffffffu, m_ij[h], 2));
-        const float m_new = fmaxf(m_i[h], m_ij[h] * scale_log2);  // m_new = max(m_i, rowmax(S_ij) * scale_log2)
-        m_use[h] = m_new == FA_NEG_INF ? 0.0f : m_new;            // no key yet: exp2(-inf - 0) = 0
-        alpha[h] = fast_exp2(m_i[h] - m_use[h]);                  // exp(m_i - m_new)
-        m_i[h] = m_new;
-        l_i[h] *= alpha[h];
+        m_new[h] = fmaxf(m_i[h], m_ij[h] * scale_log2);  // m_new = max(m_i, rowmax(S_ij) * scale_log2)
+        if constexpr (LAZY) keep = keep && m_new[h] - m_i[h] <= RESCALE_SLACK;  // false while m_i = -inf
+        if constexpr (!LAZY) {
+            m_use[h] = m_new[h] == FA_NEG_INF ? 0.0f : m_new[h];  // no key yet: exp2(-inf - 0) = 0
+            alpha[h] = fast_exp2(m_i[h] - m_use[h]);              // alpha = exp2(m_i - m_new)
+            m_i[h] = m_new[h];
+            l_i[h] *= alpha[h];
+        }
+    }
+    const bool rescale = !LAZY || !__all_sync(0xffffffffu, keep);  // LAZY: one decision for the warp's 16 rows
+    if constexpr (LAZY) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_ref = rescale ? m_new[h] : m_i[h];  // the reference: m_new, or the old m_i (alpha = 1)
+            m_use[h] = m_ref == FA_NEG_INF ? 0.0f : m_ref;
+            alpha[h] = fast_exp2(m_i[h] - m_use[h]);
+            m_i[h] = m_ref;
+            l_i[h] *= alpha[h];
+        }
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {  // P_ij = exp2(S_ij * scale_log2 - m_new);  l_i += rowsum(P_ij)
@@ -353,9 +380,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m_i)[2
         l_i[0] += s[n][0] + s[n][1];
         l_i[1] += s[n][2] + s[n][3];
     }
+    return rescale;
 }
 
-// acc = alpha * acc, row by row (alpha from online_softmax)
+// acc = alpha * acc, row by row (alpha from online_softmax; the callers skip it where that returned false)
 template <int NT>
 __device__ __forceinline__ void rescale_rows(float (&acc)[NT][4], const float (&alpha)[2]) {
 #pragma unroll

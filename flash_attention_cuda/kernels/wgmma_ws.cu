@@ -26,7 +26,8 @@
 //         l_i = exp2(m_i - m_new) * l_i + rowsum(P)
 //     wait for P_ij Vj -> free V_j's slot;  acc *= exp2(m_i - m_new);  P_i,j+1 -> fp16/bf16 registers
 // (at D = 128, acc *= exp2(m_i - m_new) waits for the next turn instead, and runs between the issue of S_i,j+2 and
-// that of P_i,j+1 Vj+1, on the tensor cores' time: FlashAttention-3's order, RESCALE_IN_TURN)
+// that of P_i,j+1 Vj+1, on the tensor cores' time: FlashAttention-3's order, RESCALE_IN_TURN; and only on a tile
+// where a row of the warp grew its max by more than 2^8, FlashAttention-4's lazy rescale, LAZY_RESCALE)
 // and at the end O = acc / l_i, lse = (m_i + log2 l_i) ln 2, as in wgmma.cu (the same fragments.cuh steps,
 // the same products from wgmma_ops.cuh, the same masks.cuh rule and tile ranges, GQA and dropout).
 //
@@ -69,6 +70,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     // outside the turn. Each was the faster of the two there (docs/results/cuda/forward_rescale_order/); at D = 256
     // the turn's order made ptxas spill more, and it keeps the rescale after P_ij Vj.
     constexpr bool RESCALE_IN_TURN = D == 128 && CWG == 2;
+    // Inside the turn the rescale delays P_ij Vj and the next warpgroup's turn: there it is lazy, skipped on a tile
+    // where no row of the warp grew its max by more than 2^8 (frag::online_softmax, LAZY; most tiles after the
+    // first few). After P_ij Vj it hides behind the exp2s, and the branch would cost more than it saves.
+    constexpr bool LAZY_RESCALE = RESCALE_IN_TURN;
     constexpr unsigned Q_BYTES = Br * D * 2, KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
@@ -238,7 +243,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             wgmma_wait<0>();
             pin(s);
             if (lane0) tma::mbar_arrive(k_empty(g));
-            frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk, 0);
+            // rescale: acc must be rescaled by alpha (LAZY_RESCALE: false where the warp's rows kept their max)
+            bool rescale =
+                frag::online_softmax<Bc / 8, LAZY_RESCALE>(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha,
+                                                           sc.scale_log2, rk, 0);
             if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0);
             frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
 
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 wgmma_fence();  // ... this fence, which orders them before the products below
                 issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(g + 1));  // S_i,j+1 = Qi K_j+1^T
                 if constexpr (RESCALE_IN_TURN) {  // acc = exp2(m_i - m_new) * acc while S_i,j+1 runs
-                    frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
+                    if (rescale) frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
                     pin(acc);
                     wgmma_fence();
                 }
@@ -260,15 +268,15 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
                 pin(s);
                 if (lane0) tma::mbar_arrive(k_empty(g + 1));
-                frag::online_softmax(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha, sc.scale_log2, rk,
-                                     (j + 1) * Bc);
+                rescale = frag::online_softmax<Bc / 8, LAZY_RESCALE>(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i,
+                                                                     l_i, alpha, sc.scale_log2, rk, (j + 1) * Bc);
                 if constexpr (DROPOUT)
                     frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0 + (j + 1) * Bc);
                 wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again, V_j's slot is free
                 pin(acc);
                 pin(pf);
                 if (lane0) tma::mbar_arrive(v_empty(g));
-                if constexpr (!RESCALE_IN_TURN)  // acc = exp2(m_i - m_new) * acc
+                if (!RESCALE_IN_TURN && rescale)  // acc = exp2(m_i - m_new) * acc
                     frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
                 frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
             }
@@ -276,7 +284,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             if (OWN_O && lane0) tma::mbar_arrive(q_empty);
             // the last tile: acc += P_i,n-1 V_n-1
             tma::mbar_wait(v_full(g), use(g) & 1);
-            if constexpr (RESCALE_IN_TURN)  // (the first tile's alpha is 0, on acc = 0)
+            if (RESCALE_IN_TURN && rescale)  // (the first tile's alpha is 0, on acc = 0)
                 frag::rescale_rows(reinterpret_cast<float (&)[D / 8][4]>(acc), alpha);
             tma::named_sync(my_turn, 256);
             pin(acc);
