@@ -930,3 +930,24 @@ def test_the_hopper_preset_times_in_three_rounds(capsys):
     assert "timer device in 3 rounds" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(CPU + ["--rounds", "0", "--dry-run"])
+
+
+def test_sustained_power_reads_nvidia_smi_samples_per_phase():
+    """tools/sustained_power.py: nvidia-smi's CSV lines parse (bad lines skipped), each phase averages the samples
+    inside it after its settling time, and the table keeps the median of the rounds with TFLOP/s per GHz."""
+    from tools import sustained_power as sp
+
+    text = "\n".join(["2026/11/28 10:00:00.000, 1980, 120.5, 40",
+                      "2026/11/28 10:00:01.000, 1600, 660.0, 60",
+                      "2026/11/28 10:00:02.000, 1500, 680.0, 62",
+                      "[N/A], 1, 2, 3", "2026/11/28 10:00:03.0"])
+    samples = sp.parse_samples(text)
+    assert [s[1] for s in samples] == [1980.0, 1600.0, 1500.0]
+    t0 = samples[0][0]
+    st = sp.phase_stats(samples, t0, t0 + 2.5)  # the first sample falls in the settling time
+    assert st["samples"] == 2 and st["sm_mhz"] == 1550.0 and st["power_w"] == 670.0 and st["temp_c"] == 62.0
+    assert sp.phase_stats(samples, t0 + 10, t0 + 11)["sm_mhz"] is None
+    rows = [dict(dtype="float16", B=4, H=16, N=16384, D=128, causal=False, backend="cuda-wgmma-ws", tflops=t,
+                 sm_mhz=m, power_w=660.0) for t, m in ((580.0, 1600.0), (600.0, 1500.0), (590.0, 1550.0))]
+    md = sp.table(rows, "# x")
+    assert "| float16 | 4 | 16 | 16384 | 128 | no | cuda-wgmma-ws | 590 | 1550 | 660 | 381 |" in md
