@@ -29,6 +29,10 @@
 #                                                      # and cuDNN (tools/kernel_breakdown.py)
 #   bash .ci/gpu_run.sh --out results/gpu blockorder   # the CUDA backward's blocks in grid order against tile-major
 #                                                      # (tools/ws_block_order.py)
+#   bash .ci/gpu_run.sh --out results/gpu rounds       # the hopper preset's forward rows in rounds (cuda-wgmma-ws, FA2,
+#                                                      # cuDNN; tools/forward_rounds.py), and the D = 128 forward held
+#                                                      # for seconds at the GPU's power limit, with its SM clock and
+#                                                      # power (tools/sustained_power.py)
 # Several steps may be named in one call. The output folder may also be given as OUT=DIR; PACK=1 packs it into
 # one archive, gpu_results.tgz (handy when the results are copied off a remote machine).
 # Each step has its own time limit, so one slow step cannot hide the others' results.
@@ -124,7 +128,12 @@ for step in "$@"; do
     blockorder)
       timeout "${BLOCKORDER_S:-300}" python3 tools/ws_block_order.py --out "$OUT/ws_block_order" > "$OUT/ws_block_order.log" 2>&1
       echo "block order rc=$?"; grep -E "^\|" "$OUT/ws_block_order/ws_block_order.md" ;;
-    *) echo "unknown step $step (tests | seed | seed-calling | sweep | cuda | triton | hopper | variants | kernels | backward | mma | sanitizer | sanitizer-triton | ncu | breakdown | blockorder)"; exit 2 ;;
+    rounds)
+      timeout "${ROUNDS_S:-240}" python3 tools/forward_rounds.py --out "$OUT/forward_rounds" > "$OUT/forward_rounds.log" 2>&1
+      echo "forward rounds rc=$?"; cat "$OUT/forward_rounds/forward_rounds.txt"
+      timeout "${POWER_S:-150}" python3 tools/sustained_power.py --out "$OUT/sustained_power" > "$OUT/sustained_power.log" 2>&1
+      echo "sustained power rc=$?"; grep -E "^\|" "$OUT/sustained_power/sustained_power.md" ;;
+    *) echo "unknown step $step (tests | seed | seed-calling | sweep | cuda | triton | hopper | variants | kernels | backward | mma | sanitizer | sanitizer-triton | ncu | breakdown | blockorder | rounds)"; exit 2 ;;
   esac
 done
 # PACK=1: everything in one archive
