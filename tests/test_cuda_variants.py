@@ -274,6 +274,27 @@ def test_dropout_mask_is_philox_keep_mask(kernel):
 
 
 @gpu
+@pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
+@pytest.mark.parametrize("p", [0.99, 0.999])
+def test_dropout_near_one_with_climbing_scores(kernel, p):
+    """p close to 1 scales the kept P_ij by 1 / (1 - p) = 1000 or 10000 before they go into the fp16 P fragments.
+    With the row's max as the reference P_ij <= 1 and that stays in fp16's range; a lazily kept reference
+    (P_ij up to 256, wgmma_ws.cu at D = 128 without dropout) would not, so the kernels with dropout keep the eager
+    rescale. Scores climb along the keys (a row's max keeps growing), D = 128, fp16: O is finite and within the
+    harness's tolerance against the float64 reference with the same mask."""
+    B, H, Nq, Nk, D, seed = 1, 2, 130, 700, 128, 2024
+    q, k, v, _ = _qkv(B, H, H, Nq, Nk, D, "float32")
+    q[..., 0] = 4.0
+    k[..., 0] = torch.linspace(0.0, 3.0 * D ** 0.5, Nk, device="cuda")  # scores climb by ~12 along the keys
+    q, k, v = (x.half().contiguous() for x in (q, k, v))
+    o = flash_attn_cuda(q, k, v, kernel=kernel, dropout_p=p, dropout_seed=seed)
+    ref = attention_reference(q, k, v, dropout_p=p, dropout_seed=seed)
+    naive = attention_naive(q, k, v, dropout_p=p, dropout_seed=seed)
+    assert torch.isfinite(o).all()
+    assert errors(o, ref)[0] <= 2.0 * errors(naive, ref)[0] + FLOOR["float16"] / (1.0 - p)
+
+
+@gpu
 @pytest.mark.parametrize("kernel", ["mma", WGMMA])
 def test_rows_that_see_no_key(kernel):
     """window (0, 0) with Nq > Nk: query i sees only key i + Nk - Nq; the first Nq - Nk rows see none: O = 0,

@@ -321,7 +321,8 @@ __device__ __forceinline__ RowKeys row_keys(const fa::Mask& mask, int row0, int 
 // any reference gives the same O = acc / l_i and lse = m_i + log2 l_i, as long as P_ij = exp2(S_ij * scale_log2 -
 // m_i) stays in range. So where every row of the warp grows its max by at most RESCALE_SLACK (log2 units), the
 // rows keep their old m_i: alpha = exp2(0) = 1, P_ij <= 2^8 = 256 (exact in fp32 and in the fp16/bf16 P
-// fragments, far below their largest values), and the function returns false: the caller skips acc's rescale,
+// fragments, far below their largest values; not with dropout's 1 / (1 - p) on top, which could pass fp16's
+// 65504), and the function returns false: the caller skips acc's rescale,
 // D / 2 multiplies a thread. After the first tiles a row's max rarely grows by a factor of 256, so most tiles skip
 // it. It pays where the rescale sits on the tensor cores' path (wgmma_ws.cu's turn at D = 128); where the
 // multiplies hide behind the exp2s anyway (mma.cu, wgmma.cu), the branch costs more than it saves

@@ -26,8 +26,8 @@
 //         l_i = exp2(m_i - m_new) * l_i + rowsum(P)
 //     wait for P_ij Vj -> free V_j's slot;  acc *= exp2(m_i - m_new);  P_i,j+1 -> fp16/bf16 registers
 // (at D = 128, acc *= exp2(m_i - m_new) waits for the next turn instead, and runs between the issue of S_i,j+2 and
-// that of P_i,j+1 Vj+1, on the tensor cores' time: FlashAttention-3's order, RESCALE_IN_TURN; and only on a tile
-// where a row of the warp grew its max by more than 2^8, FlashAttention-4's lazy rescale, LAZY_RESCALE)
+// that of P_i,j+1 Vj+1, on the tensor cores' time: FlashAttention-3's order, RESCALE_IN_TURN; and, without dropout,
+// only on a tile where a row of the warp grew its max by more than 2^8: FlashAttention-4's lazy rescale, LAZY_RESCALE)
 // and at the end O = acc / l_i, lse = (m_i + log2 l_i) ln 2, as in wgmma.cu (the same fragments.cuh steps,
 // the same products from wgmma_ops.cuh, the same masks.cuh rule and tile ranges, GQA and dropout).
 //
@@ -72,8 +72,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     constexpr bool RESCALE_IN_TURN = D == 128 && CWG == 2;
     // Inside the turn the rescale delays P_ij Vj and the next warpgroup's turn: there it is lazy, skipped on a tile
     // where no row of the warp grew its max by more than 2^8 (frag::online_softmax, LAZY; most tiles after the
-    // first few). After P_ij Vj it hides behind the exp2s, and the branch would cost more than it saves.
-    constexpr bool LAZY_RESCALE = RESCALE_IN_TURN;
+    // first few). After P_ij Vj it hides behind the exp2s, and the branch would cost more than it saves. Not with
+    // dropout: P_ij / (1 - p) goes into the fp16 P fragments, and with P_ij up to 2^8 it would pass fp16's 65504
+    // once p > 0.996 (with m_new as the reference, P_ij <= 1 and 1 / (1 - p) stays in range).
+    constexpr bool LAZY_RESCALE = RESCALE_IN_TURN && !DROPOUT;
     constexpr unsigned Q_BYTES = Br * D * 2, KV_BYTES = Bc * D * 2;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
