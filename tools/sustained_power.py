@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-BACKENDS = ("sdpa-cudnn", "sdpa-flash", "cuda-wgmma-ws")
+BACKENDS = ("sdpa-cudnn", "sdpa-flash", "cuda-wgmma-ws")  # the default --backends
+CHOICES = BACKENDS + ("cuda-wgmma", "cuda-mma", "triton")  # every one --backends takes
 SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
 SETTLE_S = 0.5  # samples this soon after a phase starts are left out (the clock is still moving)
 
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="4,16,16384,128", help="B,H,N,D")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--causal", choices=("no", "yes", "both"), default="no")
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"some of {', '.join(CHOICES)}")
     ap.add_argument("--seconds", type=float, default=3.0, help="each phase: this long without a pause")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
@@ -90,9 +91,12 @@ def main(argv=None) -> int:
     except ValueError:
         ap.error(f"--shape must be B,H,N,D (four integers), got {args.shape!r}")
     backends = args.backends.split(",")
-    unknown = [b for b in backends if b not in BACKENDS]
+    unknown = [b for b in backends if b not in CHOICES]
     if unknown:
-        ap.error(f"--backends: unknown {unknown}; expected some of {list(BACKENDS)}")
+        ap.error(f"--backends: unknown {unknown}; expected some of {list(CHOICES)}")
+    bad = [d for d in args.dtypes.split(",") if d not in ("float16", "bfloat16")]
+    if bad:
+        ap.error(f"--dtypes: unknown {bad}; expected float16 and/or bfloat16")
     if args.seconds < 1.0 or args.rounds < 1:
         ap.error(f"--seconds must be at least 1 and --rounds at least 1, got {args.seconds} and {args.rounds}")
     import torch
@@ -120,8 +124,12 @@ def main(argv=None) -> int:
             flops = attention_flops(B, H, N, N, D, causal=causal)
 
             def call(name):
-                if name == "cuda-wgmma-ws":
-                    return lambda: flash_attn_cuda(q, k, v, causal=causal, kernel="wgmma-ws")
+                if name.startswith("cuda-"):
+                    return lambda: flash_attn_cuda(q, k, v, causal=causal, kernel=name[len("cuda-"):])
+                if name == "triton":
+                    from flash_attention_triton import flash_attn_triton
+
+                    return lambda: flash_attn_triton(q, k, v, causal=causal)
 
                 def sdpa():
                     with sdpa_kernel(pins[name]):
