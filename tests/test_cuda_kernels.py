@@ -740,8 +740,9 @@ def test_long_sequence_matches_reference(kernel):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_lazy_rescale_with_growing_scores(kernel, dtype, D):
-    """The forwards keep a row's old max as the softmax's reference while the warp's rows grow theirs by at most
-    2^8 (frag::online_softmax's lazy rescale). Here each row's scores climb along the keys at a slope of its own,
+    """The warp-specialised forward at D = 128 keeps a row's old max as the softmax's reference while the warp's rows
+    grow theirs by at most 2^8 (frag::online_softmax's lazy rescale; the other forwards rescale every tile, and take
+    the same check). Here each row's scores climb along the keys at a slope of its own,
     from -1 to 3 over the rows: the warps of the steepest rows outgrow their reference by up to 2^17 a tile of
     128 keys (a rescale every tile), the gentlest by less than 2^8 (no rescale after the first tile), falling
     rows keep their first tile's max, and one warp straddles the two. O and lse are within the harness's

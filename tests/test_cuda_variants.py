@@ -277,7 +277,7 @@ def test_dropout_mask_is_philox_keep_mask(kernel):
 @pytest.mark.parametrize("kernel", ["mma", WGMMA, WGMMA_WS])
 @pytest.mark.parametrize("p", [0.99, 0.999])
 def test_dropout_near_one_with_climbing_scores(kernel, p):
-    """p close to 1 scales the kept P_ij by 1 / (1 - p) = 1000 or 10000 before they go into the fp16 P fragments.
+    """p close to 1 scales the kept P_ij by 1 / (1 - p) = 100 or 1000 before they go into the fp16 P fragments.
     With the row's max as the reference P_ij <= 1 and that stays in fp16's range; a lazily kept reference
     (P_ij up to 256, wgmma_ws.cu at D = 128 without dropout) would not, so the kernels with dropout keep the eager
     rescale. Scores climb along the keys (a row's max keeps growing), D = 128, fp16: O is finite and within the

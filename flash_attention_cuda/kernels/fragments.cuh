@@ -348,6 +348,8 @@ __device__ __forceinline__ bool online_softmax(float (&s)[NT][4], float (&m_i)[2
         m_ij[0] = fmaxf(m_ij[0], fmaxf(s[n][0], s[n][1]));
         m_ij[1] = fmaxf(m_ij[1], fmaxf(s[n][2], s[n][3]));
     }
+    // Eager (not LAZY): alpha and the new m_i in the same loop as the row max, as the kernels before the lazy rule
+    // had it (their instructions stay as they were); LAZY: after the warp's vote, in a loop of its own.
     float m_new[2], m_use[2];
     bool keep = true;  // LAZY: every row of this thread may keep its reference m_i
 #pragma unroll
