@@ -17,9 +17,9 @@ neither a plan nor, if no key repeats, the extension's build. Each plan, a few h
 process.)
 
 Three lookups use it, each keyed on everything the code it skips would read:
-* ``PUBLIC``: flash_attn_cuda's own arguments, their types included, and whether the call needs a gradient
-  (``public_forward_key``): such a call skips the checks too. A call the checks would refuse has a key of its own,
-  so it never finds a plan. A call that needs a gradient runs in a C++ autograd function (``run_public``): the
+* ``PUBLIC``: flash_attn_cuda's own arguments, each of its plain type (a call with another, ``causal=1``, gets no
+  key), q, k, v's shapes, dtypes and device, and whether the call needs a gradient (``public_forward_key``): such a
+  call skips the checks too. A call the checks would refuse has a key of its own, so it never finds a plan. A call that needs a gradient runs in a C++ autograd function (``run_public``): the
   forward's plan, and in the backward the backward's plan, registered in the call's slot by the first backward
   that runs on the Python path (``add_slot``), so from the fourth step of a shape on a training step's attention
   runs no Python of ours but the public call's key.
@@ -111,40 +111,53 @@ def _turn_off(why: str) -> None:
                   RuntimeWarning, stacklevel=3)
 
 
-def _plain_tensors(*xs) -> bool:
+def _tensor_class():
+    """torch.Tensor once torch is imported (this package imports without it), else None."""
     global _Tensor
-    if _Tensor is None:
-        if "torch" not in sys.modules:
-            return False
+    if _Tensor is None and "torch" in sys.modules:
         _Tensor = sys.modules["torch"].Tensor
-    return all(type(x) is _Tensor for x in xs)
+    return _Tensor
+
+
+def _plain_tensors(*xs) -> bool:
+    T = _tensor_class()
+    return T is not None and all(type(x) is T for x in xs)
+
+
+_SCALE_TYPES = (int, float, type(None))
+_KERNEL_TYPES = (str, type(None))
 
 
 def public_forward_key(q, k, v, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, dropout_seed,
                        fn: str = "flash_attn_cuda"):
     """The key of a public call (``fn``: flash_attn_cuda, or flash_attn_triton with kernel None), or None where
     no plan may answer the call: plans off, not three plain torch tensors, dropout, a ``torch.compile`` trace, or
-    an argument whose check reads more than the key (|softmax_scale| > 1 reads the data; a window that is not a
-    tuple). The function's name and the arguments' types are part of the key, so ``causal=1`` never finds the
-    plan of ``causal=True`` (the checks refuse the first), nor one function's call the other's plan. Its last
-    entry: whether the call needs a gradient."""
-    if not (enabled() and _plain_tensors(q, k, v)) or dropout_seed is not None or type(window_size) is not tuple:
+    an argument whose check reads more than the key (|softmax_scale| > 1 reads the data) or whose type is not the
+    plain one (``causal=1``, a window that is not a tuple of two ints, ...: those calls take the Python path, whose
+    checks refuse or read them). So a key's values have one type each, and ``causal=1`` never finds the plan of
+    ``causal=True``, nor one function's call the other's plan. Its last entry: whether the call needs a gradient.
+
+    What the C++ ``run`` checks before it launches (``fits``: each input's shape, contiguous, on the plan's device,
+    16-byte aligned) the key leaves out, but for the shapes, which pick the plan: a strided or misaligned view of a
+    planned call's shapes finds its plan, is refused by it and takes the Python path. The dtypes, which ``fits``
+    does not read, are in the key, all three."""
+    T = _Tensor or _tensor_class()  # three plain torch tensors (written out: this runs on every call)
+    if not enabled() or T is None or type(q) is not T or type(k) is not T or type(v) is not T:
+        return None
+    if dropout_seed is not None or type(window_size) is not tuple:
+        return None
+    if not (type(causal) is bool and type(return_lse) is bool and type(softmax_scale) in _SCALE_TYPES
+            and type(kernel) in _KERNEL_TYPES and type(dropout_p) in (int, float) and len(window_size) == 2
+            and type(window_size[0]) is int and type(window_size[1]) is int):
+        return None
+    if softmax_scale is not None and abs(softmax_scale) > 1.0:
         return None
     torch = sys.modules["torch"]
     if torch.compiler.is_compiling():
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if softmax_scale is not None and not (type(softmax_scale) in (int, float) and abs(softmax_scale) <= 1.0):
-        return None
-    key = (fn, type(causal), causal, type(softmax_scale), softmax_scale, type(kernel), kernel, type(return_lse),
-           return_lse, tuple(type(w) for w in window_size), window_size, type(dropout_p), dropout_p,
-           q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-           v.shape, v.stride(), v.dtype, v.device, grad)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return (fn, causal, softmax_scale, kernel, return_lse, window_size, dropout_p, q.shape, q.dtype, q.device,
+            k.shape, k.dtype, v.shape, v.dtype, grad)
 
 
 def checked_key(q, k, window, scale: float, kernel: str, config, dropout):

@@ -951,3 +951,14 @@ def test_sustained_power_reads_nvidia_smi_samples_per_phase():
                  sm_mhz=m, power_w=660.0) for t, m in ((580.0, 1600.0), (600.0, 1500.0), (590.0, 1550.0))]
     md = sp.table(rows, "# x")
     assert "| float16 | 4 | 16 | 16384 | 128 | no | cuda-wgmma-ws | 590 | 1550 | 660 | 381 |" in md
+
+
+def test_public_key_probe_times_this_checkout_and_a_revision(capsys):
+    """tools/public_key_probe.py runs without a GPU: the public call's key and lookup, here and at HEAD."""
+    from tools import public_key_probe as pkp
+
+    assert pkp.main(["--against", "HEAD", "--rounds", "1", "--number", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "this checkout" in out and "at HEAD" in out
+    with pytest.raises(SystemExit):
+        pkp.main(["--rounds", "0"])

@@ -82,9 +82,11 @@ def test_cpp_tensor_map_constants_are_the_runtime_ones():
 
 
 def test_public_keys_keep_refused_calls_apart(monkeypatch):
-    """public_forward_key: argument types are part of the key (causal=1 is not causal=True), so is every stride,
-    and whether the call needs a gradient; no key where a plan may not answer: dropout, a window that is not a
-    tuple, |scale| > 1, not plain torch tensors."""
+    """public_forward_key: every argument's value, the tensors' shapes and dtypes, and whether the call needs a
+    gradient; no key where a plan may not answer: dropout, a window that is not a tuple of two ints, |scale| > 1,
+    an argument of another type than its plain one (causal=1: the Python path's checks read it), not plain torch
+    tensors. Strides are left to the C++ run, which refuses a strided view of a planned shape
+    (test_inputs_that_do_not_fit_a_plan_fall_back)."""
     monkeypatch.setattr(launch_plans, "ENABLED", True)
     monkeypatch.setattr(launch_plans, "_EXT", None)  # not yet built: keys are made (no plan is ever found here)
     q = torch.randn(1, 2, 8, 64)
@@ -96,11 +98,14 @@ def test_public_keys_keep_refused_calls_apart(monkeypatch):
         return launch_plans.public_forward_key(x, q, q, *args.values())
 
     assert key() is not None and key() == key()
-    assert key(causal=1) != key() and key(window_size=(-1.0, -1)) != key()
-    assert key(x=q.transpose(2, 3).contiguous().transpose(2, 3)) != key()  # same shape, other strides
-    assert key(kernel="wgmma") != key() and key(return_lse=True) != key()
+    assert key(x=q.transpose(2, 3).contiguous().transpose(2, 3)) == key()  # same shape, other strides: C++ decides
+    assert key(x=q.half()) != key() and key(x=q[:, :, :7]) != key()  # dtype, shape
+    assert key(kernel="wgmma") != key() and key(return_lse=True) != key() and key(causal=False) != key()
+    assert key(window_size=(3, 0)) != key() and key(softmax_scale=0.5) != key()
     for refused in (dict(dropout_seed=3), dict(window_size=[-1, -1]), dict(softmax_scale=2.0),
-                    dict(softmax_scale=np.float32(0.1))):
+                    dict(softmax_scale=np.float32(0.1)), dict(causal=1), dict(window_size=(-1.0, -1)),
+                    dict(window_size=(-1, -1, 0)), dict(return_lse=0), dict(kernel=["mma"]),
+                    dict(dropout_p=False)):
         assert key(**refused) is None, refused
     assert key()[-1] is False and key(x=q.clone().requires_grad_())[-1] is True  # a gradient: a key of its own
     with torch.no_grad():
