@@ -176,6 +176,12 @@ def build_parser():
                         "so on, so that the rounds of one row lie minutes apart and a slow spell of the host (seconds "
                         "long) moves one of them, which the median outvotes; 'case' takes a case's rounds back to "
                         "back, seconds apart")
+    p.add_argument("--turn-order", choices=("fixed", "rotate"), default="fixed",
+                   help="with --rounds: the order of a case's backends within a round. 'fixed' (default): the same in "
+                        "every round; 'rotate': round r starts r - 1 places later (the reference still first in round "
+                        "1), so that no backend always follows the same one. A GPU at its power limit sets its clock "
+                        "from the work just before; a short timing that always follows a power-hungry kernel starts "
+                        "at that kernel's clock")
     p.add_argument("--budget-s", type=_positive_float, default=1.0,
                    help="CPU: stop repeating a case once this many seconds are spent (after 3 runs; default 1)")
     p.add_argument("--max-call-s", type=_positive_float, default=None,
@@ -239,6 +245,7 @@ def resolve(args, parser, targets):
     cfg["budget_s"] = args.budget_s
     cfg["rounds"] = args.rounds or defaults.get("rounds", 1)
     cfg["round_order"] = args.round_order
+    cfg["turn_order"] = args.turn_order
     cfg["max_call_s"] = args.max_call_s or defaults["max_call_s"]
     cfg["timer"] = named.timer if named is not None else "device"
     cfg["max_n"] = dict(named.max_n) if named is not None else {}
@@ -706,6 +713,12 @@ def turns(order, cases):
     return runs
 
 
+def rotated(turn, r):
+    """The cases of one turn in round ``r`` under --turn-order rotate: r - 1 places later (round 1 as given)."""
+    k = (r - 1) % len(turn) if turn else 0
+    return turn[k:] + turn[:k]
+
+
 def compare(row, case, out, reference, inputs):
     """Keep the reference backend's outputs at these inputs; for any other backend, record in ``row`` the
     max-abs difference of its outputs from them (``max_abs_vs_ref``, the largest; ``max_abs_each``, per
@@ -842,7 +855,7 @@ def _run(cfg, args, argv, targets, by_name):
     order = cfg.get("round_order", "run")
 
     def again(turn, r):  # round r of the cases of one turn that are still ok
-        for i in turn:
+        for i in rotated(turn, r if cfg.get("turn_order") == "rotate" else 1):
             if rows[i]["status"] == "ok":
                 step(i, f" (round {r} of {n_rounds})")
                 time_again(rows[i], cases[i], by_name[cases[i]["backend"]], cfg, inputs)
@@ -881,6 +894,7 @@ def _run(cfg, args, argv, targets, by_name):
     meta["wall_s"] = wall
     meta["rounds"] = n_rounds
     meta["round_order"] = order
+    meta["turn_order"] = cfg.get("turn_order", "fixed")
     meta.update(measure.thread_info())
     config = {k: v for k, v in cfg.items() if k != "sizes"}
     config["sizes"] = [list(p) for p in cfg["sizes"]]

@@ -237,6 +237,8 @@ def hopper_summary(rows, ctx):
     out = [wide[k] for k in order]
     rounds, order = meta.get("rounds", 1), meta.get("round_order", "case")
     how = ("each round a pass over the whole run" if order == "run" else "a row's rounds back to back")
+    if meta.get("turn_order") == "rotate":
+        how += ", each round starting one backend later than the one before"
     doc = {"commit": meta.get("git_commit"), "dirty": meta.get("git_dirty"), "gpu": meta.get("gpu"),
            "torch": meta.get("torch"), "triton": meta.get("triton"), "command": meta.get("command"),
            "unit": "TFLOP/s = 4*B*H*N*N*D (x0.5 causal, x2.5 backward) / median time (triton.testing.do_bench)"
@@ -244,6 +246,7 @@ def hopper_summary(rows, ctx):
                       if rounds > 1 else ""),
            "rounds": rounds,
            "round_order": order,
+           "turn_order": meta.get("turn_order", "fixed"),
            "rows": out}
     names = [n for n in HOPPER_NAMES if any(n in w["tflops"] for w in out)]
     ours = [n for n in names if not n.startswith("sdpa-")]

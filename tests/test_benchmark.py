@@ -878,6 +878,31 @@ def test_rounds_time_the_backends_of_a_case_in_turn(tmp_path, monkeypatch, order
     assert [r["round_ms"] for r in lines] == [expected[(r["backend"], r["Nq"])] for r in lines]
 
 
+def test_turn_order_rotate_starts_each_round_one_backend_later(tmp_path, monkeypatch):
+    """--turn-order rotate: round 1 in the given order (the reference first), round 2 one backend later, round 3
+    two later (with two backends, as round 1): A16 B16 A32 B32, B16 A16 B32 A32, A16 B16 A32 B32. Recorded in
+    results.json's meta."""
+    from benchmarks import measure
+
+    seen = []
+
+    def fake_cpu(fn, *, repeats, budget_s, turns=1):
+        seen.append(turns)
+        ms = float(len(seen))  # the k-th timing reads k ms
+        return ms, ms, ms, 1, "time.perf_counter"
+
+    monkeypatch.setattr(measure, "time_cpu", fake_cpu)
+    out = str(tmp_path)
+    assert cli.main(CPU + ["--backends", "numpy-v2,naive-torch", "--dtype", "float32", "--rounds", "3", "--out", out,
+                           "--no-plots", "-b", "1", "--heads", "1", "-d", "16", "--n", "16,32", "--no-progress",
+                           "--turn-order", "rotate"]) == 0
+    _, _, doc = _read(out)
+    got = {(r["backend"], r["Nq"]): r["round_ms"] for r in doc["results"]}
+    assert got == {("numpy-v2", 16): [1.0, 6.0, 9.0], ("naive-torch", 16): [2.0, 5.0, 10.0],
+                   ("numpy-v2", 32): [3.0, 8.0, 11.0], ("naive-torch", 32): [4.0, 7.0, 12.0]}
+    assert doc["meta"]["turn_order"] == "rotate"
+
+
 def test_a_run_cut_short_in_a_later_round_keeps_the_rounds_it_took(tmp_path, monkeypatch):
     """--round-order run: cases.jsonl is written again after every case of a later round, each row with the rounds
     it has so far, so a run killed in round 2 leaves every case with round 1 and the first cases with round 2."""
