@@ -51,7 +51,7 @@ from . import launch_plans, runtime
 from .capabilities import (BACKWARD_HEAD_DIMS, TENSOR_CORE_BACKWARDS, TENSOR_CORE_HEAD_DIMS, TENSOR_CORE_KERNELS,
                            auto_backward, mma_auto_backward)
 
-__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
+__all__ = ["Problem", "LaunchSpec", "MMA_CONFIGS", "MMA_DROPOUT_CONFIGS", "MMA_PERSISTENT_ITEMS_PER_SM", "WGMMA_CONFIGS", "WGMMA_WS_CONFIGS", "WGMMA_WS_DROPOUT_CONFIGS",
            "wgmma_ws_fwd", "WGMMA_WS_PERSISTENT_UNITS_PER_SM", "WGMMA_WS_PAIRS_BALANCE", "WGMMA_WS_SECTION_BYTES", "WGMMA_WS_MAX_WALK", "MMA_BACKWARD_CONFIGS", "MMA_FUSED_BACKWARD_CONFIGS", "WGMMA_BACKWARD_CONFIGS", "dkdv_column_blocks",
            "scale_args", "mask_args", "variant_args", "pad_dim", "naive_fwd", "tiled_fwd", "mma_fwd", "wgmma_fwd",
            "seed_nomax_fwd",
@@ -261,16 +261,29 @@ def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
                       _FWD_BUFFERS, _common(p, with_d=True) + (("vec4", np.int32(int(vec4))),))
 
 
+# mma_fwd's persistent grid: where a block keeps its Q fragments in registers and its K/V tile is as tall as its
+# rows (mma.cu's AHEAD: (128, 8, 1) at D = 96 and 128, one block per SM), and the mask has no bound (every item sees
+# every key, so a static walk is balanced), ctas blocks walk the items when there are at most this many per block;
+# each loads its next item's Q and first K/V tile under its last tile.
+MMA_PERSISTENT_ITEMS_PER_SM = 24
+
+
 @_cached
-def mma_fwd(p: Problem, config: Optional[tuple] = None) -> LaunchSpec:
+def mma_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int] = None) -> LaunchSpec:
     """mma.cu: (Bc, warps, m16 tiles per warp) = config or MMA_CONFIGS[D] (MMA_DROPOUT_CONFIGS[D] with dropout);
-    Br = 16 * tiles * warps."""
+    Br = 16 * tiles * warps. One block per work item (Br query rows of one head), grid (ceil(Nq / Br), B * H); or,
+    with ctas (the GPU's SM count) where MMA_PERSISTENT_ITEMS_PER_SM says, a persistent grid (ctas,)."""
     Bc, nw, mt = config or (MMA_DROPOUT_CONFIGS if p.dropout else MMA_CONFIGS)[p.D]
     Br = 16 * mt * nw
     # mma.cu, mma_fwd's `extern __shared__` carve-up: sQ (Br, D), sK 2 x (Bc, D), sV 2 x (Bc, D), 16-bit
     smem = (Br + 4 * Bc) * p.D * 2
+    items = _cdiv(p.Nq, Br) * p.B * p.H
+    ahead = mt == 1 and p.D <= 128 and Br <= Bc  # mma.cu's AHEAD
+    persistent = (ctas and ahead and p.window == (-1, -1) and ctas < items
+                  and items <= MMA_PERSISTENT_ITEMS_PER_SM * ctas)
+    grid = (ctas,) if persistent else (_cdiv(p.Nq, Br), p.B * p.H)
     return LaunchSpec("mma.cu", f"mma_fwd<{p.D}, {Bc}, {nw}, {mt}, {_bf16(p)}{_dropout_flag(p)}>",
-                      (_cdiv(p.Nq, Br), p.B * p.H), (32 * nw,), smem, _FWD_BUFFERS, _tc_args(p))
+                      grid, (32 * nw,), smem, _FWD_BUFFERS, _tc_args(p) + (("BH", np.int32(p.B * p.H)),))
 
 
 @_cached
@@ -392,13 +405,13 @@ def seed_nomax_fwd(p: Problem) -> LaunchSpec:
 def forward_spec(kernel: str, p: Problem, *, vec4: bool = False, config: Optional[tuple] = None,
                  ctas: Optional[int] = None) -> LaunchSpec:
     """The forward launch of rung ``kernel`` ('naive', 'tiled', 'mma', 'wgmma', 'wgmma-ws'); config: the tensor-core
-    rungs only; ctas: wgmma-ws's persistent grid (the GPU's SM count)."""
+    rungs only; ctas: the persistent grids' size (the GPU's SM count: wgmma-ws, and mma where it applies)."""
     if kernel == "naive":
         return naive_fwd(p)
     if kernel == "tiled":
         return tiled_fwd(p, vec4)
     if kernel == "mma":
-        return mma_fwd(p, config)
+        return mma_fwd(p, config, ctas)
     if kernel == "wgmma":
         return wgmma_fwd(p, config)
     if kernel == "wgmma-ws":
@@ -761,7 +774,7 @@ def run_forward(q, k, v, window, scale: float, kernel: str, config: Optional[tup
     lse = runtime.empty(q, (p.B, p.H, p.Nq), "float32")
     aligned = all(runtime.ptr(x) % 16 == 0 for x in (q, k, v))
     vec4 = p.D % 4 == 0 and aligned
-    ctas = runtime.device_sms(q) if kernel == "wgmma-ws" else None
+    ctas = runtime.device_sms(q) if kernel in ("wgmma-ws", "mma") else None
     spec = forward_spec(kernel, p, vec4=vec4, config=config, ctas=ctas)
     runtime.launch(stream, spec, dict(Q=q, K=k, V=v, O=o, LSE=lse))
     if plan_key is not None and aligned and stream.handle is not None and kernel in TENSOR_CORE_KERNELS \

@@ -240,6 +240,21 @@ def test_launch_specs_grid_block_smem():
     assert (w.name, w.grid, w.block, w.smem) == ("wgmma_fwd<64, 64, 2, true>", (3, 6), (256,),
                                                  (128 + 4 * 64) * 64 * 2 + 1024)
     assert launch_specs.mma_fwd(h, config=(64, 4, 2)).name == "mma_fwd<128, 64, 4, 2, false>"
+    assert m.scalars[-1] == ("BH", 6)
+    # mma's persistent grid (ctas blocks): only where the block keeps Q in registers and its K/V tile is as tall as
+    # its rows (128, 8, 1 at D 96 and 128), the mask has no bound, and there are more items than blocks but at
+    # most MMA_PERSISTENT_ITEMS_PER_SM per block (3 x 6 = 18 items here)
+    full, per_sm = h._replace(window=(-1, -1)), launch_specs.MMA_PERSISTENT_ITEMS_PER_SM
+    assert launch_specs.mma_fwd(full, ctas=4).grid == (4,)
+    assert launch_specs.mma_fwd(full._replace(D=96), ctas=4).grid == (4,)
+    assert launch_specs.mma_fwd(full, ctas=18).grid == (3, 6)  # a block per item already
+    assert launch_specs.mma_fwd(h, ctas=4).grid == (3, 6)  # causal: items of different lengths
+    assert launch_specs.mma_fwd(full._replace(window=(40, -1)), ctas=4).grid == (3, 6)
+    assert launch_specs.mma_fwd(full, config=(64, 4, 2), ctas=4).grid == (3, 6)  # Q read from shared memory
+    assert launch_specs.mma_fwd(full._replace(D=64), ctas=4).grid == (3, 6)  # (128, 4, 2)
+    assert launch_specs.mma_fwd(full._replace(D=256), ctas=4).grid == (5, 6)  # Br = 64; Q in shared memory
+    assert launch_specs.mma_fwd(full._replace(B=per_sm), ctas=9).grid == (9,)  # 9 per_sm items: per_sm a block
+    assert launch_specs.mma_fwd(full._replace(B=per_sm + 1), ctas=9).grid == (3, 3 * per_sm + 3)
     # wgmma-ws (128, 2, 2): 2 consumer warpgroups (Br = 128) and a producer; Q + 2 stages of K and V, O's own
     # staging tile, the mbarriers and 1024 B of alignment; q, k, v as tensor maps read in boxes of Br or Bc rows;
     # one block per work item (3 rows blocks per head x 6 heads), or a persistent grid of ctas blocks that walk

@@ -10,6 +10,8 @@
   exact dropout mask (v = identity, so O is P * Z / (1 - p)) against ``philox.keep_mask``; rows that see no
   key. Without a GPU these skip with the reason.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -133,7 +135,9 @@ def test_variant_launches_without_a_gpu(recorded, kernel):
     assert name.endswith(", true>") and grid[1] == B * Hq
     assert args[1:3] == (k.data_ptr(), v.data_ptr())
     tail = (np.int32(5), np.int32(2), np.int32(3), np.float32(0.25), np.uint32(5), np.uint32(2))
-    assert args[-6:] == tail and [type(a) for a in args[-6:]] == [type(t) for t in tail]
+    bh = {"mma": (np.int32(B * Hq),), "wgmma": ()}[kernel]  # mma_fwd's last argument: B Hq (its work items)
+    fwd = args[len(args) - 6 - len(bh):]
+    assert fwd == tail + bh and [type(a) for a in fwd] == [type(t) for t in tail + bh]
     recorded.clear()
     dq, dk, dv = launch_specs.run_backward(q, k, v, o, lse, do, (5, 2), 0.3, kernel, dropout=(0.25, seed))
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
@@ -146,7 +150,7 @@ def test_variant_launches_without_a_gpu(recorded, kernel):
     launch_specs.run_forward(q, k[:, :1], v[:, :1], CAUSAL, 0.3, kernel)  # MQA, no dropout: the default kernel
     ((name, grid, args),) = recorded
     assert not name.endswith(", true, true>") and name.count(",") == {"mma": 4, "wgmma": 3}[kernel]
-    assert args[-4:] == (np.int32(Hq), np.float32(0.0), np.uint32(0), np.uint32(0))
+    assert args[len(args) - 4 - len(bh):] == (np.int32(Hq), np.float32(0.0), np.uint32(0), np.uint32(0)) + bh
 
 
 # ------------------------------------------------------------------ GPU: against the float64 reference
@@ -331,6 +335,43 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
             _persistent_walk_cases(kernel, D, sections, monkeypatch)
     finally:
         launch_specs.clear_caches()  # the specs cached with the patched grid
+
+
+@gpu
+@pytest.mark.parametrize("ctas", [1, 3, 7])
+@pytest.mark.parametrize("D", [96, 128])
+def test_mma_forward_persistent_walk(D, ctas, monkeypatch):
+    """mma_fwd's persistent grid (its configs that keep Q in registers, (128, 8, 1) at D 96 and 128): ctas blocks
+    walk the work items in turn, each loading its next item's Q and first K/V tile under its last tile (into the
+    buffer after it, the two buffers' turn running on across items) and staging O in the last tile's buffer. The
+    library takes this grid for full attention only (every item sees every key); the kernel walks any mask, so it
+    is launched here for test_ws_forward_persistent_walk's cases (items whose rows see no key, items of one tile, a
+    window with GQA and dropout, a negative scale) and full attention, against the float64 reference."""
+    real = launch_specs.forward_spec
+
+    def persistent(kernel, p, **kw):
+        spec = real(kernel, p, **kw)
+        assert spec.name.startswith("mma_fwd<") and spec.grid[0] * spec.grid[-1] > ctas
+        return dataclasses.replace(spec, grid=(ctas,))
+
+    monkeypatch.setattr(launch_specs, "forward_spec", persistent)
+    launch_specs.clear_caches()
+    try:
+        cases = [(520, 300, 4, 2, dict(causal=True), 0.125), (333, 517, 6, 3, dict(window_size=(70, 20),
+                 dropout_p=0.17, dropout_seed=2**40 + 3), 0.1), (260, 260, 2, 2, dict(), -0.07),
+                 (700, 1000, 3, 1, dict(), 0.09)]
+        for i, (Nq, Nk, Hq, Hk, kw, scale) in enumerate(cases):
+            dtype = ("float16", "bfloat16")[i % 2]
+            q, k, v, _ = _qkv(2, Hq, Hk, Nq, Nk, D, dtype)
+            o, lse = flash_attn_cuda(q, k, v, kernel="mma", return_lse=True, softmax_scale=scale, **kw)
+            ref_o, ref_lse = attention_reference(q, k, v, return_lse=True, softmax_scale=scale, **kw)
+            naive_o, naive_lse = attention_naive(q, k, v, return_lse=True, softmax_scale=scale, **kw)
+            _check(f"o {Nq}x{Nk}", o, ref_o, naive_o, FLOOR[dtype])
+            _check(f"lse {Nq}x{Nk}", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
+            if kw.get("causal"):
+                assert (o[:, :, :Nq - Nk] == 0).all() and torch.isneginf(lse[:, :, :Nq - Nk]).all()
+    finally:
+        launch_specs.clear_caches()
 
 
 def _persistent_walk_cases(kernel, D, sections, monkeypatch):

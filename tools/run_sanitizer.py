@@ -140,6 +140,30 @@ def inner(head_dims=None, kernels=frozenset()) -> int:
             runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM = sms, per_sm
             launch_specs.WGMMA_WS_SECTION_BYTES = sections
             launch_specs.clear_caches()
+    # mma_fwd's persistent grid ((128, 8, 1) at D 96 and 128): two or three blocks walk every work item, each
+    # loading its next item's Q and first K/V tile under its last tile, O staged in that tile's buffer. The library
+    # takes it for full attention only; the kernel walks any mask, so every kind is launched here
+    if not kernels or "mma" in kernels:
+        import dataclasses
+
+        from flash_attention_cuda import launch_specs
+
+        real = launch_specs.forward_spec
+        try:
+            for ctas, D in ((c, D) for c in (2, 3) for D in (96, 128)):
+                if head_dims and D not in head_dims:
+                    continue
+                launch_specs.forward_spec = lambda kernel, p, real=real, ctas=ctas, **kw: dataclasses.replace(
+                    real(kernel, p, **kw), grid=(ctas,))
+                launch_specs.clear_caches()
+                q = torch.randn(2, 4, 300, D, device="cuda", dtype=torch.float16)
+                k, v = (torch.randn(2, 2, 170, D, device="cuda", dtype=torch.float16) for _ in range(2))
+                for kw in (dict(causal=True), dict(window_size=(40, 10), dropout_p=0.17, dropout_seed=5), dict()):
+                    flash_attn_cuda(q, k, v, kernel="mma", **kw)
+                    n += 1
+        finally:
+            launch_specs.forward_spec = real
+            launch_specs.clear_caches()
     # wgmma_bwd_ws's blocks in tile-major order: grouped query heads kept whole in each block (the split threshold
     # lowered: cases this small would otherwise split the group) under a mask bounded on one side (causal; a left
     # bound alone, whose last tiles of keys start first)

@@ -246,14 +246,25 @@ template <int Br, int Bc>
 __device__ __forceinline__ ForwardBlock forward_tiles(const fa::Mask& mask) {
     return forward_item<Br, Bc>(mask, (int)blockIdx.x, (int)gridDim.x, blockIdx.y);
 }
+// ... with the pointers to its K/V head's first tile (group: query heads per K/V head)
+template <int Br, int Bc, int D>
+__device__ __forceinline__ ForwardBlock with_kv(ForwardBlock b, int Nk, const unsigned short* K,
+                                                const unsigned short* V, int group) {
+    const long long bkv = b.bh / group;  // the K/V head's grid row (group 1: bh itself)
+    b.k = K + (bkv * Nk + b.kv0) * D;
+    b.v = V + (bkv * Nk + b.kv0) * D;
+    return b;
+}
 template <int Br, int Bc, int D>
 __device__ __forceinline__ ForwardBlock forward_block(const fa::Mask& mask, const unsigned short* K,
                                                       const unsigned short* V, int group) {
-    ForwardBlock b = forward_tiles<Br, Bc>(mask);
-    const long long bkv = b.bh / group;  // the K/V head's grid row (group 1: bh itself)
-    b.k = K + (bkv * mask.Nk + b.kv0) * D;
-    b.v = V + (bkv * mask.Nk + b.kv0) * D;
-    return b;
+    return with_kv<Br, Bc, D>(forward_tiles<Br, Bc>(mask), mask.Nk, K, V, group);
+}
+template <int Br, int Bc, int D>
+__device__ __forceinline__ ForwardBlock forward_block(const fa::Mask& mask, const unsigned short* K,
+                                                      const unsigned short* V, int group, int m, int n_m,
+                                                      long long bh) {
+    return with_kv<Br, Bc, D>(forward_item<Br, Bc>(mask, m, n_m, bh), mask.Nk, K, V, group);
 }
 
 }  // namespace frag

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     mma_fwd(const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
             const unsigned short* __restrict__ V, unsigned short* __restrict__ O, float* __restrict__ LSE, int Nq,
             int Nk, float scale_log2, int window_left, int window_right, int group, float dropout_p,
-            unsigned seed_lo, unsigned seed_hi) {
+            unsigned seed_lo, unsigned seed_hi, int BH) {
     using namespace frag;  // mma_abt_rows, mma_ab_rows, online_softmax, ... (fragments.cuh), ptx, tiles
     static_assert(D % 32 == 0 && Bc % 16 == 0, "D must be a multiple of 32 and Bc of 16");
     constexpr int WR = 16 * MT;          // query rows per warp (MT m16 tiles)
@@ -50,6 +50,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
     // ldmatrix then feeds two mma instead of one: half the shared-memory traffic per FLOP. At D = 256 the
     // accumulator alone is 128 registers: Q is re-read from shared memory there too.
     constexpr bool Q_IN_REGS = (MT == 1 && D <= 128);
+    // With Q in registers, sQ is free after the first K/V tile: a block with a next work item loads that item's
+    // Q and first K/V tile under its last K/V tile, and stages O in the last K tile's buffer instead of Q's rows
+    // (which needs Br <= Bc).
+    constexpr bool AHEAD = Q_IN_REGS && Br <= Bc;
     extern __shared__ __align__(128) unsigned char smem[];
     const unsigned sQ = smem_u32(smem);       // (Br, D)
     const unsigned sK = sQ + Br * D * 2;      // 2 x (Bc, D)
@@ -57,97 +61,125 @@ __global__ void __launch_bounds__(NWARPS * 32)
     constexpr unsigned KV_BYTES = Bc * D * 2;
 
     const int warp = threadIdx.x / 32;
-    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
-    const ForwardBlock blk = forward_block<Br, Bc, D>(mask, K, V, group);  // head, query rows, K/V tiles
-    const int q0 = blk.q0, n_tiles = blk.n_tiles;
-    const ScoreScale sc = score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
-    const Dropout dp = make_dropout(dropout_p, seed_lo, seed_hi, blk.bh, Nq, Nk);  // read only if DROPOUT
-
-    // prologue: Q and the first K/V tile in flight
-    load_tile_async<Br, D, NTHREADS>(sQ, Q + blk.bh * Nq * D, q0, Nq);
-    if (n_tiles > 0) {
-        load_tile_async<Bc, D, NTHREADS>(sK, blk.k, 0, blk.nk);
-        load_tile_async<Bc, D, NTHREADS>(sV, blk.v, 0, blk.nk);
-    }
-    cp_async_commit();
-
-    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];  // A fragments of the warp's 16 Q rows (MT == 1)
-    float acc[MT][NTILES_O][4];              // O accumulator (WR x D)
-    float m_i[MT][2], l_i[MT][2];            // running max (log2 units) and this thread's part of the sums
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        m_i[mt][0] = m_i[mt][1] = FA_NEG_INF;
-        l_i[mt][0] = l_i[mt][1] = 0.0f;
-        zero(acc[mt]);
-    }
     const int wrow = warp * WR;  // the warp's first row in the block
-    RowKeys rk[MT];              // the keys this thread's rows see
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) rk[mt] = row_keys(mask, q0 + wrow + mt * 16, blk.kv0);
+    const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
+    const ScoreScale sc = score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
+    // Work items: Br query rows (rows block m) of query head bh, u = m + n_m bh. A grid of (n_m, B Hq) blocks takes
+    // one each; a persistent grid of (G, 1) (launch_specs.mma_fwd) walks u = b, b + G, b + 2G, ...
+    const int n_m = (Nq + Br - 1) / Br;
+    const long long n_items = (long long)n_m * BH, stride = (long long)gridDim.x * gridDim.y;
+    int g = 0;           // K/V tiles through the two buffers so far, over all of the block's items
+    bool ahead = false;  // this item's Q and first K/V tile were loaded under the last item's last tile
+    for (long long u = blockIdx.x + (long long)blockIdx.y * gridDim.x; u < n_items; u += stride) {
+        const ForwardBlock blk = forward_block<Br, Bc, D>(mask, K, V, group, (int)(u % n_m), n_m, u / n_m);
+        const int q0 = blk.q0, n_tiles = blk.n_tiles;
+        const Dropout dp = make_dropout(dropout_p, seed_lo, seed_hi, blk.bh, Nq, Nk);  // read only if DROPOUT
 
-    for (int j = 0; j < n_tiles; ++j) {
-        const int j0 = j * Bc;  // the tile's first key, counted from blk.kv0
-        const unsigned kb = sK + (j & 1) * KV_BYTES, vb = sV + (j & 1) * KV_BYTES;
-        if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer, then wait for tile j
-            load_tile_async<Bc, D, NTHREADS>(sK + ((j + 1) & 1) * KV_BYTES, blk.k, j0 + Bc, blk.nk);
-            load_tile_async<Bc, D, NTHREADS>(sV + ((j + 1) & 1) * KV_BYTES, blk.v, j0 + Bc, blk.nk);
+        // prologue: Q and the first K/V tile in flight (unless they already are)
+        if (!ahead) {
+            load_tile_async<Br, D, NTHREADS>(sQ, Q + blk.bh * Nq * D, q0, Nq);
+            if (n_tiles > 0) {
+                load_tile_async<Bc, D, NTHREADS>(sK + (g & 1) * KV_BYTES, blk.k, 0, blk.nk);
+                load_tile_async<Bc, D, NTHREADS>(sV + (g & 1) * KV_BYTES, blk.v, 0, blk.nk);
+            }
             cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
-        __syncthreads();
-        if (Q_IN_REGS && j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < (Q_IN_REGS ? KSTEPS : 1); ++kk) {
-                load_a<D>(qf[kk], sQ, wrow, kk);
-                apply_sign(qf[kk], sc.q_sign);
-            }
-        }
+        ahead = false;
 
-        // ---- S_ij = Qi Kj^T  (WR x Bc per warp)
-        float s[MT][NTILES_S][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) zero(s[mt]);
-        mma_abt_rows<D, NTILES_S, MT, BF16>(s, [&](unsigned (&a)[4], int mt, int kk) {
-            if constexpr (Q_IN_REGS) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) a[x] = qf[Q_IN_REGS ? kk : 0][x];
-            } else {
-                load_a<D>(a, sQ, wrow + mt * 16, kk);
-                apply_sign(a, sc.q_sign);
-            }
-        }, kb, 0);
-
-        // ---- online softmax on each m16 tile (masked only in rows the tile's edge cuts); acc = alpha * acc;
-        //      P_ij as the A fragments of P_ij Vj
-        unsigned pf[MT][Bc / 16][4];
+        unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];  // A fragments of the warp's 16 Q rows (MT == 1)
+        float acc[MT][NTILES_O][4];              // O accumulator (WR x D)
+        float m_i[MT][2], l_i[MT][2];            // running max (log2 units) and this thread's part of the sums
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            float alpha[2];
-            online_softmax(s[mt], m_i[mt], l_i[mt], alpha, sc.scale_log2, rk[mt], j0);
-            rescale_rows(acc[mt], alpha);
-            if constexpr (DROPOUT) dropout_rows(s[mt], dp, q0 + wrow + mt * 16, blk.kv0 + j0);
-            pack_a<NTILES_S, BF16>(pf[mt], s[mt]);
+            m_i[mt][0] = m_i[mt][1] = FA_NEG_INF;
+            l_i[mt][0] = l_i[mt][1] = 0.0f;
+            zero(acc[mt]);
         }
-
-        // ---- acc += P_ij Vj   (Vj through ldmatrix.trans: B[k = key][n = d])
-        mma_ab_rows<D, Bc / 16, MT, BF16>(acc, pf, vb, 0);
-        __syncthreads();  // every warp is done with buffer j & 1 before it is refilled
-    }
-    cp_async_wait<0>();  // (n_tiles == 0: the Q load) nothing may still be writing shared memory
-    __syncthreads();
-
-    // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of sQ
-    unsigned char* sO = smem;  // reuse the Q tile
+        RowKeys rk[MT];  // the keys this thread's rows see
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        float inv_l[2];
-        finish_rows(inv_l, l_i[mt], m_i[mt], LSE + blk.bh * Nq, q0 + wrow + mt * 16, Nq);
-        stage_rows<D, BF16>(acc[mt], inv_l, [&](int r, int c) { return sO + swz<D>(wrow + mt * 16 + r, c); });
+        for (int mt = 0; mt < MT; ++mt) rk[mt] = row_keys(mask, q0 + wrow + mt * 16, blk.kv0);
+
+        for (int j = 0; j < n_tiles; ++j) {
+            const int j0 = j * Bc;  // the tile's first key, counted from blk.kv0
+            const unsigned kb = sK + ((g + j) & 1) * KV_BYTES, vb = sV + ((g + j) & 1) * KV_BYTES;
+            const unsigned kn = sK + ((g + j + 1) & 1) * KV_BYTES, vn = sV + ((g + j + 1) & 1) * KV_BYTES;
+            if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer, then wait for tile j
+                load_tile_async<Bc, D, NTHREADS>(kn, blk.k, j0 + Bc, blk.nk);
+                load_tile_async<Bc, D, NTHREADS>(vn, blk.v, j0 + Bc, blk.nk);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else if (AHEAD && j > 0 && u + stride < n_items) {  // the last tile: the next item's Q and first tile
+                const long long un = u + stride;                 // (j > 0: every warp has its Q fragments)
+                const ForwardBlock nxt = forward_block<Br, Bc, D>(mask, K, V, group, (int)(un % n_m), n_m, un / n_m);
+                load_tile_async<Br, D, NTHREADS>(sQ, Q + nxt.bh * Nq * D, nxt.q0, Nq);
+                if (nxt.n_tiles > 0) {
+                    load_tile_async<Bc, D, NTHREADS>(kn, nxt.k, 0, nxt.nk);
+                    load_tile_async<Bc, D, NTHREADS>(vn, nxt.v, 0, nxt.nk);
+                }
+                cp_async_commit();
+                cp_async_wait<1>();
+                ahead = true;
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            if (Q_IN_REGS && j == 0) {
+#pragma unroll
+                for (int kk = 0; kk < (Q_IN_REGS ? KSTEPS : 1); ++kk) {
+                    load_a<D>(qf[kk], sQ, wrow, kk);
+                    apply_sign(qf[kk], sc.q_sign);
+                }
+            }
+
+            // ---- S_ij = Qi Kj^T  (WR x Bc per warp)
+            float s[MT][NTILES_S][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) zero(s[mt]);
+            mma_abt_rows<D, NTILES_S, MT, BF16>(s, [&](unsigned (&a)[4], int mt, int kk) {
+                if constexpr (Q_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) a[x] = qf[Q_IN_REGS ? kk : 0][x];
+                } else {
+                    load_a<D>(a, sQ, wrow + mt * 16, kk);
+                    apply_sign(a, sc.q_sign);
+                }
+            }, kb, 0);
+
+            // ---- online softmax on each m16 tile (masked only in rows the tile's edge cuts); acc = alpha * acc;
+            //      P_ij as the A fragments of P_ij Vj
+            unsigned pf[MT][Bc / 16][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float alpha[2];
+                online_softmax(s[mt], m_i[mt], l_i[mt], alpha, sc.scale_log2, rk[mt], j0);
+                rescale_rows(acc[mt], alpha);
+                if constexpr (DROPOUT) dropout_rows(s[mt], dp, q0 + wrow + mt * 16, blk.kv0 + j0);
+                pack_a<NTILES_S, BF16>(pf[mt], s[mt]);
+            }
+
+            // ---- acc += P_ij Vj   (Vj through ldmatrix.trans: B[k = key][n = d])
+            mma_ab_rows<D, Bc / 16, MT, BF16>(acc, pf, vb, 0);
+            __syncthreads();  // every warp is done with buffer j & 1 before it is refilled
+        }
+        if (!ahead) cp_async_wait<0>();  // (n_tiles == 0: the Q load) nothing of this item may still be in flight
+        __syncthreads();
+
+        // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of sQ (AHEAD:
+        //      of the last K tile's buffer, while the next item's Q lands in sQ)
+        unsigned char* sO = AHEAD ? smem + (sK - sQ) + ((g + n_tiles + 1) & 1) * KV_BYTES : smem;  // (g + n_tiles - 1) & 1
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float inv_l[2];
+            finish_rows(inv_l, l_i[mt], m_i[mt], LSE + blk.bh * Nq, q0 + wrow + mt * 16, Nq);
+            stage_rows<D, BF16>(acc[mt], inv_l, [&](int r, int c) { return sO + swz<D>(wrow + mt * 16 + r, c); });
+        }
+        __syncwarp();
+        store_staged<WR, D>(O + blk.bh * Nq * D, q0 + wrow, Nq,
+                            [&](int r, int c) { return sO + swz<D>(wrow + r, c); });
+        if constexpr (!AHEAD) break;  // one item per block (launch_specs gives these configs no persistent grid)
+        g += n_tiles;
+        if (u + stride < n_items) __syncthreads();  // every warp has read its rows of sO before the next item's loads
     }
-    __syncwarp();
-    store_staged<WR, D>(O + blk.bh * Nq * D, q0 + wrow, Nq, [&](int r, int c) { return sO + swz<D>(wrow + r, c); });
 }
 
 #ifndef __CUDACC_RTC__
@@ -155,12 +187,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #define FA_MMA_INST(D, Bc, NW, MT, BF)                                                                       \
     template __global__ void mma_fwd<D, Bc, NW, MT, BF>(const unsigned short*, const unsigned short*,       \
                                                         const unsigned short*, unsigned short*, float*, int, \
-                                                        int, float, int, int, int, float, unsigned, unsigned);
+                                                        int, float, int, int, int, float, unsigned, unsigned, int);
 #define FA_MMA_DROPOUT_INST(D, Bc, NW, MT, BF)                                                               \
     template __global__ void mma_fwd<D, Bc, NW, MT, BF, true>(const unsigned short*, const unsigned short*, \
                                                               const unsigned short*, unsigned short*, float*, \
                                                               int, int, float, int, int, int, float, unsigned, \
-                                                              unsigned);
+                                                              unsigned, int);
 FA_MMA_INST(32, 128, 4, 2, false)
 FA_MMA_INST(32, 128, 4, 2, true)
 FA_MMA_INST(96, 128, 8, 1, false)
