@@ -262,9 +262,9 @@ def tiled_fwd(p: Problem, vec4: bool) -> LaunchSpec:
 
 
 # mma_fwd's persistent grid: where a block keeps its Q fragments in registers and its K/V tile is as tall as its
-# rows (mma.cu's AHEAD: (128, 8, 1) at D = 96 and 128, one block per SM), and the mask has no bound (every item sees
-# every key, so a static walk is balanced), ctas blocks walk the items when there are at most this many per block;
-# each loads its next item's Q and first K/V tile under its last tile.
+# rows, without dropout (mma.cu's AHEAD: (128, 8, 1) at D = 96 and 128, one block per SM), and the mask has no bound
+# (every item sees every key, so a static walk is balanced), ctas blocks walk the items when there are at most this
+# many per block; each loads its next item's Q and first K/V tile under its last tile.
 MMA_PERSISTENT_ITEMS_PER_SM = 24
 
 
@@ -278,7 +278,7 @@ def mma_fwd(p: Problem, config: Optional[tuple] = None, ctas: Optional[int] = No
     # mma.cu, mma_fwd's `extern __shared__` carve-up: sQ (Br, D), sK 2 x (Bc, D), sV 2 x (Bc, D), 16-bit
     smem = (Br + 4 * Bc) * p.D * 2
     items = _cdiv(p.Nq, Br) * p.B * p.H
-    ahead = mt == 1 and p.D <= 128 and Br <= Bc  # mma.cu's AHEAD
+    ahead = mt == 1 and p.D <= 128 and Br <= Bc and not p.dropout  # mma.cu's AHEAD
     persistent = (ctas and ahead and p.window == (-1, -1) and ctas < items
                   and items <= MMA_PERSISTENT_ITEMS_PER_SM * ctas)
     grid = (ctas,) if persistent else (_cdiv(p.Nq, Br), p.B * p.H)

@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
     constexpr bool Q_IN_REGS = (MT == 1 && D <= 128);
     // With Q in registers, sQ is free after the first K/V tile: a block with a next work item loads that item's
     // Q and first K/V tile under its last K/V tile, and stages O in the last K tile's buffer instead of Q's rows
-    // (which needs Br <= Bc).
-    constexpr bool AHEAD = Q_IN_REGS && Br <= Bc;
+    // (which needs Br <= Bc). Not with dropout, whose Philox rounds leave no registers for the walk.
+    constexpr bool AHEAD = Q_IN_REGS && Br <= Bc && !DROPOUT;
     extern __shared__ __align__(128) unsigned char smem[];
     const unsigned sQ = smem_u32(smem);       // (Br, D)
     const unsigned sK = sQ + Br * D * 2;      // 2 x (Bc, D)
@@ -64,14 +64,24 @@ __global__ void __launch_bounds__(NWARPS * 32)
     const int wrow = warp * WR;  // the warp's first row in the block
     const fa::Mask mask = fa::make_mask(Nq, Nk, window_left, window_right);
     const ScoreScale sc = score_scale(scale_log2);  // scale_log2 < 0: -Q, |scale_log2|
-    // Work items: Br query rows (rows block m) of query head bh, u = m + n_m bh. A grid of (n_m, B Hq) blocks takes
-    // one each; a persistent grid of (G, 1) (launch_specs.mma_fwd) walks u = b, b + G, b + 2G, ...
+    // Work items: Br query rows (rows block m) of query head bh. A grid of (n_m, B Hq) blocks takes one each,
+    // (blockIdx.x, blockIdx.y); a persistent grid of (G, 1) blocks (launch_specs.mma_fwd, AHEAD configs only) walks
+    // the items b, b + G, b + 2G, ... (item u: rows block u % n_m of head u / n_m). 32-bit arithmetic on
+    // block-uniform values, which stay in the uniform datapath.
     const int n_m = (Nq + Br - 1) / Br;
-    const long long n_items = (long long)n_m * BH, stride = (long long)gridDim.x * gridDim.y;
+    const bool walk = AHEAD && gridDim.y == 1;
+    int m = blockIdx.x;
+    long long bh = blockIdx.y;
+    if (walk) bh = m / n_m, m %= n_m;
     int g = 0;           // K/V tiles through the two buffers so far, over all of the block's items
     bool ahead = false;  // this item's Q and first K/V tile were loaded under the last item's last tile
-    for (long long u = blockIdx.x + (long long)blockIdx.y * gridDim.x; u < n_items; u += stride) {
-        const ForwardBlock blk = forward_block<Br, Bc, D>(mask, K, V, group, (int)(u % n_m), n_m, u / n_m);
+    for (;;) {  // one item, or (walk) every item of the block's walk
+        if (walk && bh >= BH) break;
+        const ForwardBlock blk = walk ? forward_block<Br, Bc, D>(mask, K, V, group, m, n_m, bh)
+                                      : forward_block<Br, Bc, D>(mask, K, V, group);  // the block's own item
+        int m_next = 0;  // the block's next item (walk): rows block m_next of head bh_next (none: bh_next = BH)
+        long long bh_next = BH;
+        if (walk) m_next = m + (int)gridDim.x, bh_next = bh + m_next / n_m, m_next %= n_m;
         const int q0 = blk.q0, n_tiles = blk.n_tiles;
         const Dropout dp = make_dropout(dropout_p, seed_lo, seed_hi, blk.bh, Nq, Nk);  // read only if DROPOUT
 
@@ -108,9 +118,9 @@ __global__ void __launch_bounds__(NWARPS * 32)
                 load_tile_async<Bc, D, NTHREADS>(vn, blk.v, j0 + Bc, blk.nk);
                 cp_async_commit();
                 cp_async_wait<1>();
-            } else if (AHEAD && j > 0 && u + stride < n_items) {  // the last tile: the next item's Q and first tile
-                const long long un = u + stride;                 // (j > 0: every warp has its Q fragments)
-                const ForwardBlock nxt = forward_block<Br, Bc, D>(mask, K, V, group, (int)(un % n_m), n_m, un / n_m);
+            } else if (AHEAD && j > 0 && bh_next < BH) {  // the last tile: the next item's Q and first tile
+                // (j > 0: every warp has its Q fragments)
+                const ForwardBlock nxt = forward_block<Br, Bc, D>(mask, K, V, group, m_next, n_m, bh_next);
                 load_tile_async<Br, D, NTHREADS>(sQ, Q + nxt.bh * Nq * D, nxt.q0, Nq);
                 if (nxt.n_tiles > 0) {
                     load_tile_async<Bc, D, NTHREADS>(kn, nxt.k, 0, nxt.nk);
@@ -176,9 +186,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
         __syncwarp();
         store_staged<WR, D>(O + blk.bh * Nq * D, q0 + wrow, Nq,
                             [&](int r, int c) { return sO + swz<D>(wrow + r, c); });
-        if constexpr (!AHEAD) break;  // one item per block (launch_specs gives these configs no persistent grid)
+        if (!walk) break;  // one item per block
         g += n_tiles;
-        if (u + stride < n_items) __syncthreads();  // every warp has read its rows of sO before the next item's loads
+        m = m_next, bh = bh_next;
+        if (bh < BH) __syncthreads();  // every warp has read its rows of sO before the next item's loads
     }
 }
 
