@@ -20,7 +20,8 @@
 #   bash .ci/gpu_run.sh --out results/gpu backward     # the CUDA backward kernels alone (tools/cuda_backward_kernels.py)
 #   bash .ci/gpu_run.sh --out results/gpu mma          # the mma.sync rung alone in every tile config, beside FA2 and
 #                                                      # cuDNN: forward and backward at N = 1024, 4096 and the seeds'
-#                                                      # shape (tools/cuda_forward_kernels.py --kernel mma, ...)
+#                                                      # shape (tools/cuda_forward_kernels.py --kernel mma, ...),
+#                                                      # and its persistent grid off and on (tools/mma_persistent_ab.py)
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer    # compute-sanitizer memcheck + racecheck + synccheck, every CUDA kernel
 #   bash .ci/gpu_run.sh --out results/gpu sanitizer-triton  # the same three tools over the Triton kernels (forward,
 #                                                      # dQ, dK/dV: masks, GQA, dropout, small and forced large tiles)
@@ -111,7 +112,9 @@ for step in "$@"; do
         timeout "${MMA_S:-150}" python3 tools/cuda_backward_kernels.py --mma-only --mma-configs --batch "$b" \
           --heads "$h" --head-dims "$d" --n "$n" --out "$OUT/mma_backward/$name" > "$OUT/mma_backward_$name.log" 2>&1
         echo "mma backward $name rc=$?"; grep -E "^\|" "$OUT/mma_backward/$name/backward_kernels.md"
-      done ;;
+      done
+      timeout "${MMA_S:-150}" python3 tools/mma_persistent_ab.py --out "$OUT/mma_persistent" > "$OUT/mma_persistent.log" 2>&1
+      echo "mma persistent grid off/on rc=$?"; grep -E "^\|" "$OUT/mma_persistent/mma_persistent_ab.md" ;;
     sanitizer)
       timeout "${SANITIZER_S:-300}" python3 tools/run_sanitizer.py --log-dir "$OUT/sanitizer"
       echo "sanitizer rc=$?" ;;

@@ -1002,3 +1002,16 @@ def test_public_key_probe_times_this_checkout_and_a_revision(capsys):
     assert "this checkout" in out and "at HEAD" in out
     with pytest.raises(SystemExit):
         pkp.main(["--rounds", "0"])
+
+
+def test_mma_persistent_ab_refuses_without_a_gpu_or_rounds(tmp_path, capsys):
+    """tools/mma_persistent_ab.py: on a machine without a CUDA GPU it says so (argparse's error, exit 2), and it
+    refuses --rounds 0; its cases time the persistent configs (D 96 and 128) and D = 64 as the control."""
+    from tools import mma_persistent_ab as ab
+
+    for argv, msg in ((["--out", str(tmp_path)], "needs a CUDA GPU"), (["--out", str(tmp_path), "--rounds", "0"],
+                                                                        "--rounds must be at least 1, got 0")):
+        with pytest.raises(SystemExit) as exc:
+            ab.main(argv)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    assert {c[0] for c in ab.CASES} == {64, 96, 128} and ab.NAMES == ("off", "on", "sdpa-flash")
