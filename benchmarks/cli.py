@@ -528,10 +528,10 @@ def _size_label(Nq, Nk):
 
 def probe_call(case, target):
     """Time one call of ``case`` shrunk to at most PROBE_N x PROBE_N (after an untimed warm-up call, which
-    also compiles JIT kernels), the fastest of PROBE_CALLS: a later call can still do one-off work (Triton's
-    second call of a key builds its launch plan; one such call read 0.31 s on an H200, against well under a
-    millisecond after it, and would have skipped a case at N = 16384 as 1270 s long). Returns (flops, seconds,
-    size label), or a status/reason dict if it failed."""
+    also compiles JIT kernels), the fastest of PROBE_CALLS: a later call can still do one-off work (a second call
+    registers its C++ launch plan, and the process's first such call loads the extension: 0.31-0.39 s on an H200,
+    against well under a millisecond after it; one probe that timed it skipped a case at N = 16384 as 1270 s
+    long). Returns (flops, seconds, size label), or a status/reason dict if it failed."""
     device, dtype, mode, causal = case["device"], case["dtype"], case["mode"], case["causal"]
     B, H, D = case["B"], case["H"], case["D"]
     Nq, Nk = min(case["Nq"], PROBE_N), min(case["Nk"], PROBE_N)

@@ -490,7 +490,7 @@ def t_hopper_targets(R, lang):
     return table([H(lang, *h) for h in TARGETS_HEADER], out)
 
 
-H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 345603b)
+H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit a8692d0)
 FORWARD_ROUNDS = "cuda/forward_rounds/forward_rounds.json"  # tools/forward_rounds.py on an H100 (commit a15eac2)
 FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit c660b30)
 
@@ -498,7 +498,7 @@ FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on a
 def t_hopper_targets_h200(R, lang):
     """The targets the hopper preset decides, from its run on an H200 (H200_HOPPER), with the H200's rounds record
     and the seeds' configuration there (benchmark/h200-seed, h200-seed-calling-thread: commit 04bf2ff, whose kernels
-    are 345603b's)."""
+    are 345603b's; the mma forward and wgmma-ws's D = 128 forward changed since)."""
     out = _preset_targets(R, H200_HOPPER, lang)
     out.insert(1, _rounds_target(R, lang, FORWARD_ROUNDS_H200))
     out += _seed_targets(R, lang, "h200")
@@ -1189,6 +1189,40 @@ def gqa_h200_figures(R):
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
 
 
+def h200_hopper_figures(R):
+    """The H200 hopper preset's run (H200_HOPPER) in prose: how many forward rows at N >= 4096 have the best of ours
+    below cuDNN, and the weakest row's TFLOP/s."""
+    rows = [r for r in R.json(H200_HOPPER)["rows"] if r["mode"] == "fwd" and r["N"] >= 4096]
+    best = [(max(r["tflops"][n] for n in OURS_FWD) / r["tflops"]["sdpa-cudnn"], r) for r in rows]
+    below = sorted(v for v, _ in best if v < 1.0)
+    worst = min(best, key=lambda x: x[0])[1]
+    ws, cudnn = worst["tflops"]["cuda-wgmma-ws"], worst["tflops"]["sdpa-cudnn"]
+    en = (f"{len(below)} of its {len(rows)} forward rows at N ≥ 4096 are below 1.0× cuDNN "
+          f"({below[0]:.3f}–{below[-1]:.3f}×)", f"cuda-wgmma-ws {ws:.0f} TFLOP/s against cuDNN's {cudnn:.0f}")
+    zh = (f"N ≥ 4096 的 {len(rows)} 行前向中有 {len(below)} 行低于 cuDNN 的 1.0×（{below[0]:.3f}–{below[-1]:.3f}×）",
+          f"cuda-wgmma-ws {ws:.0f} TFLOP/s，cuDNN {cudnn:.0f}")
+    return [("docs/performance.md", t) for t in en] + [("docs/zh/performance.md", t) for t in zh]
+
+
+MMA_PERSISTENT = "cuda/mma_forward/persistent/mma_persistent_ab.json"  # tools/mma_persistent_ab.py on an H200
+
+
+def mma_persistent_figures(R):
+    """The mma forward's persistent grid (MMA_PERSISTENT): on over off and over FA2 at N = 1024 where the grid walks
+    (D 96 and 128, not causal), and on over off where it does at N >= 2048."""
+    rows = [r for r in R.json(MMA_PERSISTENT)["rows"] if r["grid"]["on"] != r["grid"]["off"]]
+    gain = lambda rs: [r["tflops"]["on"] / r["tflops"]["off"] for r in rs]  # noqa: E731
+    short = [r for r in rows if r["N"] == 1024]
+    d128 = [r["tflops"]["on"] / r["tflops"]["sdpa-flash"] for r in short if r["D"] == 128]
+    long = [r for r in rows if r["N"] >= 2048]
+    en = (f"{span(gain(short), lambda x: f'{x:.3f}', '×')} at N = 1024 (D = 128 at {span(d128, f2, '×')} FA2), "
+          f"{span(gain(long), lambda x: f'{x:.3f}', '×')} at N ≥ 2048")
+    zh = (f"N = 1024 时为 {span(gain(short), lambda x: f'{x:.3f}', '×')}（D = 128 为 FA2 的 {span(d128, f2, '×')}），"
+          f"N ≥ 2048 时为 {span(gain(long), lambda x: f'{x:.3f}', '×')}")
+    return [("docs/performance.md", en), ("docs/backend_cuda.md", en), ("docs/results/cuda/README.md", en),
+            ("docs/zh/performance.md", zh), ("docs/zh/backend_cuda.md", zh)]
+
+
 def h200_window_figures(R):
     """The window section on an H200 (benchmark/h200-variants/window-dropout, commit c2a73a0): Triton and cuda-wgmma-ws
     over FlexAttention, forward and backward, as performance.md's *Window* bullet quotes them."""
@@ -1523,7 +1557,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
