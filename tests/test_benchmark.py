@@ -1004,10 +1004,15 @@ def test_public_key_probe_times_this_checkout_and_a_revision(capsys):
         pkp.main(["--rounds", "0"])
 
 
-def test_mma_persistent_ab_refuses_without_a_gpu_or_rounds(tmp_path, capsys):
-    """tools/mma_persistent_ab.py: on a machine without a CUDA GPU it says so (argparse's error, exit 2), and it
-    refuses --rounds 0; its cases time the persistent configs (D 96 and 128) and D = 64 as the control."""
+def test_mma_persistent_ab_refuses_without_a_gpu_or_rounds(tmp_path, capsys, monkeypatch):
+    """tools/mma_persistent_ab.py: on a machine without a CUDA GPU (here made to look like one, also on a GPU) it says
+    so (argparse's error, exit 2), and it refuses --rounds 0; its cases time the persistent configs (D 96 and 128)
+    and D = 64 as the control."""
+    import torch
+
     from tools import mma_persistent_ab as ab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
     for argv, msg in ((["--out", str(tmp_path)], "needs a CUDA GPU"), (["--out", str(tmp_path), "--rounds", "0"],
                                                                         "--rounds must be at least 1, got 0")):
