@@ -13,6 +13,8 @@
 //
 // Work split: grid = (ceil(Nq / Br), B * Hq); NWARPS warps of MT m16 tiles each, Br = 16 * MT * NWARPS
 // query rows per block; warp w owns rows 16 MT w .. 16 MT (w + 1) - 1 of the block for the whole K/V loop.
+// (Where one block fills an SM and every row sees every key, a persistent grid of one block per SM walks the
+// blocks' work instead, each loading its next rows' Q and first K/V tile under its last tile: AHEAD, below.)
 // Per K/V tile of Bc keys, each warp:
 //   S_ij = Qi Kj^T              (16 MT x Bc fp32, in registers; -inf where masked)
 //   m_new = max(m_i, rowmax(S_ij) * scale_log2),  P_ij = exp2(S_ij * scale_log2 - m_new)
@@ -176,7 +178,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
         // ---- epilogue: O = acc / l_i, lse = (m_i + log2 l_i) ln 2; O staged in the warp's own rows of sQ (AHEAD:
         //      of the last K tile's buffer, while the next item's Q lands in sQ)
-        unsigned char* sO = AHEAD ? smem + (sK - sQ) + ((g + n_tiles + 1) & 1) * KV_BYTES : smem;  // (g + n_tiles - 1) & 1
+        // (the last tile's buffer is (g + n_tiles - 1) & 1, written + 1 to stay non-negative when n_tiles = 0)
+        unsigned char* sO = AHEAD ? smem + (sK - sQ) + ((g + n_tiles + 1) & 1) * KV_BYTES : smem;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             float inv_l[2];
