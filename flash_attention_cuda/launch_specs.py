@@ -334,12 +334,28 @@ WGMMA_WS_MAX_WALK = 64
 WGMMA_WS_WALK_SPREAD = 1.05
 
 
+def rows_pad_top(p: Problem, Br: int) -> int:
+    """How far above row 0 wgmma-ws's first rows block of Br queries starts (wgmma_ws.cu's pad_top): with a right
+    bound (causal) the blocks end at the last query row, so a ragged Nq's padding rows are at the top, where the mask
+    leaves the fewest keys, instead of at the bottom, where they would see them all; else 0. Causal, Nq = Nk = 4096,
+    Br = 192: the heads' 22 rows blocks visit 363 K/V tiles of 128 keys instead of 384 (the last block, rows 4032 ..
+    4223, visited all 32 for 64 real rows; the first, rows -128 .. 63, visits 1)."""
+    return _cdiv(p.Nq, Br) * Br - p.Nq if p.window[1] >= 0 else 0
+
+
+def ws_rows_blocks(p: Problem, Br: int, Bc: int) -> list:
+    """The K/V tiles of Bc keys each of wgmma-ws's rows blocks of Br queries visits (masks.kv_range of its real
+    rows), first rows block first, as wgmma_ws.cu lays them out (rows_pad_top)."""
+    pad = rows_pad_top(p, Br)
+    return [len(masks.blocks(*masks.kv_range(max(0, m * Br - pad), (m + 1) * Br - pad, p.Nq, p.Nk, p.window), Bc))
+            for m in range(_cdiv(p.Nq, Br))]
+
+
 def _walk_fits(p: Problem, Br: int, Bc: int) -> bool:
     """Whether wgmma-ws's persistent walks suit this mask: the K/V tiles of each rows block of Br queries
-    (masks.kv_range in tiles of Bc keys) are equal within WGMMA_WS_WALK_SPREAD of their mean, or, with a right
-    bound, non-decreasing from the first rows block to the last (the order the walks take them in)."""
-    tiles = [len(masks.blocks(*masks.kv_range(m * Br, (m + 1) * Br, p.Nq, p.Nk, p.window), Bc))
-             for m in range(_cdiv(p.Nq, Br))]
+    (ws_rows_blocks) are equal within WGMMA_WS_WALK_SPREAD of their mean, or, with a right bound, non-decreasing
+    from the first rows block to the last (the order the walks take them in)."""
+    tiles = ws_rows_blocks(p, Br, Bc)
     if not tiles or (p.window[1] >= 0 and all(a <= b for a, b in zip(tiles, tiles[1:]))):
         return True
     mean = sum(tiles) / len(tiles)

@@ -21,6 +21,7 @@ import torch
 from benchmarks.presets import CONFIG_CANDIDATES
 from flash_attention_py import attention_naive, attention_reference, attention_reference_grads, make_inputs
 from flash_attention_py.testing import FLOOR, LSE_FLOOR
+from flash_attention_py import masks
 from flash_attention_py.masks import CAUSAL, FULL
 
 import flash_attention_cuda as fac
@@ -338,6 +339,26 @@ def _check_call(call, arrays):
         else:
             assert type(arg) is kind, (kern.name, name)
     assert smem <= kern.max_dynamic_shared_size_bytes  # opted in where above 48 KiB
+
+
+def test_ws_rows_blocks_end_at_the_last_query_with_a_right_bound():
+    """wgmma-ws's rows blocks of Br = 192 queries (D = 64): with a right bound (causal) they end at the last query
+    row, so a ragged Nq's padding rows (4096 = 21 x 192 + 64: 128 of them) sit at the top, where the mask leaves
+    the fewest keys. Causal, N = 4096: the first block (rows -128 .. 63) visits 1 K/V tile of 128 keys, the last
+    (rows 3904 .. 4095) all 32, and the head's blocks 363 tiles; aligned to row 0 the last block (rows 4032 ..
+    4223, 64 of them real) would visit 32 and the head 384 (the real rows' work is 341.3). The pairs of rows blocks
+    (p, 21 - p) all visit 33 tiles. Without a right bound nothing moves."""
+    causal = launch_specs.Problem(4, 32, 4096, 4096, 64, "float16", 0.125, CAUSAL)
+    assert launch_specs.rows_pad_top(causal, 192) == 128
+    tiles = launch_specs.ws_rows_blocks(causal, 192, 128)
+    assert len(tiles) == 22 and (tiles[0], tiles[-1], sum(tiles)) == (1, 32, 363)
+    assert {tiles[p] + tiles[21 - p] for p in range(11)} == {33}
+    top = [len(masks.blocks(*masks.kv_range(m * 192, (m + 1) * 192, 4096, 4096, CAUSAL), 128)) for m in range(22)]
+    assert sum(top) == 384
+    for window, pad in (((-1, -1), 0), ((64, -1), 0), ((64, 0), 128), ((-1, 5), 128)):
+        assert launch_specs.rows_pad_top(causal._replace(window=window), 192) == pad, window
+    assert launch_specs.rows_pad_top(causal._replace(Nq=4032, Nk=4032), 192) == 0  # 21 x 192: no padding
+    assert launch_specs.rows_pad_top(causal._replace(Nq=1), 192) == 191  # one row: the block's last
 
 
 def test_launch_plumbing_without_a_gpu(recorded_launches):

@@ -338,6 +338,38 @@ def test_ws_forward_persistent_walk(kernel, D, ctas, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("ctas", [None, 3])
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("kernel", [WGMMA_WS])
+def test_ws_forward_rows_blocks_above_row_0(kernel, D, ctas, monkeypatch):
+    """With a right bound wgmma-ws's rows blocks end at the last query row (launch_specs.rows_pad_top): the first
+    starts above row 0, on rows the copy engine zero-fills, and its rows below 0 are never stored. Several heads
+    (a stray store above row 0 would land in the head before), Nq = 1, 100, 1000 and Nq != Nk both ways (rows that
+    see no key: O = 0, lse = -inf), causal, a local window, a window with a right bound past the diagonal, GQA and
+    dropout; a block per item (ctas None) and a persistent grid of 3 blocks."""
+    if ctas:
+        monkeypatch.setattr(runtime, "device_sms", lambda x: ctas)
+        monkeypatch.setattr(launch_specs, "WGMMA_WS_PERSISTENT_UNITS_PER_SM", 1 << 30)
+    launch_specs.clear_caches()
+    cases = [(1, 1, dict(causal=True)), (100, 100, dict(causal=True)), (1000, 1000, dict(causal=True)),
+             (1000, 300, dict(causal=True)), (300, 1000, dict(window_size=(200, 0))),
+             (450, 450, dict(window_size=(-1, 37), dropout_p=0.17, dropout_seed=2**33 + 5))]
+    try:
+        for i, (Nq, Nk, kw) in enumerate(cases):
+            dtype = ("float16", "bfloat16")[i % 2]
+            q, k, v, _ = _qkv(2, 6, 2, Nq, Nk, D, dtype)
+            o, lse = flash_attn_cuda(q, k, v, kernel=kernel, return_lse=True, **kw)
+            ref_o, ref_lse = attention_reference(q, k, v, return_lse=True, **kw)
+            naive_o, naive_lse = attention_naive(q, k, v, return_lse=True, **kw)
+            _check(f"o {Nq}x{Nk} {kw}", o, ref_o, naive_o, FLOOR[dtype])
+            _check(f"lse {Nq}x{Nk} {kw}", lse, ref_lse, naive_lse, LSE_FLOOR[dtype])
+            blind = max(0, Nq - Nk) if kw.get("causal") else 0
+            assert (o[:, :, :blind] == 0).all() and torch.isneginf(lse[:, :, :blind]).all()
+    finally:
+        launch_specs.clear_caches()
+
+
+@gpu
 @pytest.mark.parametrize("ctas", [1, 3, 7])
 @pytest.mark.parametrize("D", [96, 128])
 def test_mma_forward_persistent_walk(D, ctas, monkeypatch):

@@ -11,7 +11,7 @@ heads, dropout) on the tensor-core rungs, forward and backward; the persistent w
 walking every work item; and the warp-specialised backward with its blocks in tile-major order (GQA, causal or a
 left bound alone). --head-dims keeps only the cases of those head
 dims; --kernels only those forward rungs (e.g. 'mma': its forward, both mma backwards and their variants, without
-the seed demo kernel and the wgmma-ws walks). Exit status 0 only if every tool reports 0 errors. Needs a GPU.
+the seed demo kernel and the wgmma-ws walks; 'wgmma-ws' keeps the walks). Exit status 0 only if every tool reports 0 errors. Needs a GPU.
 
     PYTHONPATH=. python3 tools/run_sanitizer.py --backend triton [--log-dir DIR]
 
@@ -118,7 +118,7 @@ def inner(head_dims=None, kernels=frozenset()) -> int:
     # wgmma_ws_fwd's persistent walk: two or three blocks walk every work item (the K/V ring, the mbarriers' phases
     # and O's staging running on across items; with a right bound, pairs of rows blocks on two blocks, and on three
     # the items longest first in a snake, in sections of 3 heads)
-    if hopper and not kernels:
+    if hopper and (not kernels or "wgmma-ws" in kernels):
         from flash_attention_cuda import launch_specs, runtime
 
         sms, per_sm = runtime.device_sms, launch_specs.WGMMA_WS_PERSISTENT_UNITS_PER_SM

@@ -229,14 +229,19 @@ struct ForwardBlock {
     const unsigned short *k, *v;
 };
 // Work item m (0 .. n_m - 1, n_m = ceil(Nq / Br)) of query head bh: its rows and K/V tiles, without the pointers
-// (wgmma_ws.cu addresses K/V through tensor maps and walks these items itself, several per block)
+// (wgmma_ws.cu addresses K/V through tensor maps and walks these items itself, several per block).
+// pad_top (0 <= pad_top < Br) moves every rows block up by that many rows: the first block starts at row -pad_top
+// and the last ends at Nq exactly (wgmma_ws.cu with a right bound: the padding rows go where the mask leaves the
+// fewest keys). Rows below 0, like rows past Nq, are computed on zero-filled Q and never stored.
 template <int Br, int Bc>
-__device__ __forceinline__ ForwardBlock forward_item(const fa::Mask& mask, int m, int n_m, long long bh) {
+__device__ __forceinline__ ForwardBlock forward_item(const fa::Mask& mask, int m, int n_m, long long bh,
+                                                     int pad_top = 0) {
     ForwardBlock b;
     b.bh = bh;
-    b.q0 = (mask.heavy_last() ? n_m - 1 - m : m) * Br;
-    b.kv0 = mask.kv_tile_begin(b.q0, Bc) * Bc;
-    b.n_tiles = mask.kv_tile_end(b.q0, b.q0 + Br, Bc) - b.kv0 / Bc;
+    b.q0 = (mask.heavy_last() ? n_m - 1 - m : m) * Br - pad_top;
+    const int first = b.q0 > 0 ? b.q0 : 0;  // the block's first real row: its K/V range is that of its real rows
+    b.kv0 = mask.kv_tile_begin(first, Bc) * Bc;
+    b.n_tiles = mask.kv_tile_end(first, b.q0 + Br, Bc) - b.kv0 / Bc;
     b.nk = mask.Nk - b.kv0;
     b.k = b.v = nullptr;
     return b;
@@ -421,7 +426,7 @@ __device__ __forceinline__ void finish_rows(float (&inv_l)[2], float (&l_i)[2], 
         l_i[h] += __shfl_xor_sync(0xffffffffu, l_i[h], 2);
         inv_l[h] = fa::inv_row_sum(l_i[h]);
         const int row = row0 + acc_row(2 * h);
-        if (threadIdx.x % 4 == 0 && row < Nq) lse[row] = fa::row_lse(m_i[h], l_i[h]);
+        if (threadIdx.x % 4 == 0 && (unsigned)row < (unsigned)Nq) lse[row] = fa::row_lse(m_i[h], l_i[h]);  // 0 <= row < Nq
     }
 }
 
@@ -438,14 +443,14 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[D / 8][4], const f
                 pack2<BF16>(acc[n][2 * h] * inv_l[h], acc[n][2 * h + 1] * inv_l[h]);
 }
 
-// Rows row0 .. row0 + ROWS - 1 (those below N) of a (N, D) 16-bit matrix in global memory, from the staging
+// Rows row0 .. row0 + ROWS - 1 (those in 0 .. N - 1) of a (N, D) 16-bit matrix in global memory, from the staging
 // tile (chunk(r, c) as in stage_rows): the warp's lanes move 16-byte chunks, consecutive lanes along a row.
 template <int ROWS, int D, class Chunk>
 __device__ __forceinline__ void store_staged(unsigned short* __restrict__ out, int row0, int N, Chunk chunk) {
 #pragma unroll
     for (int e = threadIdx.x % 32; e < ROWS * (D / 8); e += 32) {
         const int r = e / (D / 8), c = e % (D / 8);
-        if (row0 + r < N)
+        if ((unsigned)(row0 + r) < (unsigned)N)  // 0 <= row < N
             *reinterpret_cast<uint4*>(out + (long long)(row0 + r) * D + c * 8) = *reinterpret_cast<const uint4*>(chunk(r, c));
     }
 }

@@ -32,8 +32,11 @@
 // the same products from wgmma_ops.cuh, the same masks.cuh rule and tile ranges, GQA and dropout).
 //
 // The tensor maps (runtime.tensor_map) describe q as (B Hq, Nq, D) and k, v as (B Hk, Nk, D) 16-bit tensors
-// with boxes of 64 columns (32 at D = 32 and 96): the copy engine zero-fills rows past Nq or Nk of a head (never the next head's),
-// and a K/V head is addressed by its index bh / group (grouped-query attention: no copy).
+// with boxes of 64 columns (32 at D = 32 and 96): the copy engine zero-fills rows past Nq or Nk of a head, and
+// rows before its row 0 (never another head's), and a K/V head is addressed by its index bh / group
+// (grouped-query attention: no copy). With a right bound (causal) the rows blocks are aligned to the LAST query row
+// (pad_top below): where Nq is not a multiple of Br, the first block starts above row 0, and its padding rows, which
+// would see all keys at the bottom, see almost none at the top.
 //
 // The block is PERSISTENT: the grid has one block per SM (or fewer), and each block walks its share of the
 // work items (64 CWG query rows of one head; with causal, pairs of them that together see as many keys as any
@@ -120,6 +123,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
     auto entry = [&](int k) { return ptx::ld_shared_v4(walk + 16 * k); };  // (bh, q0, kv0, n_tiles)
     for (int k = tid; k <= walk_len; k += (CWG + 1) * 128) {
         const int n_m = (Nq + Br - 1) / Br, G = (int)gridDim.x, b = (int)blockIdx.x;
+        // With a right bound the rows blocks end at the last query row, and the padding of a ragged Nq (Br = 192
+        // at D = 64: 4096 = 21 x 192 + 64) is at the top, where the mask leaves its rows the fewest keys: the
+        // block of rows -128 .. 63 visits 1 K/V tile where rows 4032 .. 4223 visited all 32 (launch_specs.rows_pad_top)
+        const int pad_top = mask.heavy_last() ? n_m * Br - Nq : 0;
         const bool paired = mask.heavy_last() && heads_per_section == 0;
         const bool lpt = mask.heavy_last() && heads_per_section > 0;
         const int per_head = paired ? (n_m + 1) / 2 : n_m, n_units = per_head * BH;  // < 2^31 (launch_specs)
@@ -132,10 +139,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 const int w = u - section * per_section;
                 const int heads = min(heads_per_section, BH - section * heads_per_section);  // in this section
                 const long long head = (long long)section * heads_per_section + w % heads;
-                blk = frag::forward_item<Br, Bc>(mask, w / heads, n_m, head);
+                blk = frag::forward_item<Br, Bc>(mask, w / heads, n_m, head, pad_top);
             } else {
                 const int p = u % per_head, second = paired && (k & 1), m = second ? n_m - 1 - p : p;
-                blk = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head);
+                blk = frag::forward_item<Br, Bc>(mask, m, n_m, u / per_head, pad_top);
                 if (second && m == p) blk.n_tiles = -2;
             }
             e = make_int4((int)blk.bh, blk.q0, blk.kv0, blk.n_tiles);
@@ -200,10 +207,10 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             if (it.w == -1) break;
             if (it.w != 0) continue;
             const long long bh = it.x;
-            for (int e = tid - 128; e < Br * D; e += CT)
-                if (it.y + e / D < Nq) O[(bh * Nq + it.y) * D + e] = 0;
+            for (int e = tid - 128; e < Br * D; e += CT)  // rows 0 <= it.y + e / D < Nq (it.y < 0: pad_top)
+                if ((unsigned)(it.y + e / D) < (unsigned)Nq) O[(bh * Nq + it.y) * D + e] = 0;
             for (int r = tid - 128; r < Br; r += CT)
-                if (it.y + r < Nq) LSE[bh * Nq + it.y + r] = FA_NEG_INF;
+                if ((unsigned)(it.y + r) < (unsigned)Nq) LSE[bh * Nq + it.y + r] = FA_NEG_INF;
         }
 
         float acc[D / 2];         // O accumulator, 64 x D per warpgroup
