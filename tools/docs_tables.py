@@ -490,7 +490,7 @@ def t_hopper_targets(R, lang):
     return table([H(lang, *h) for h in TARGETS_HEADER], out)
 
 
-H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit a8692d0)
+H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 3f0431c)
 FORWARD_ROUNDS = "cuda/forward_rounds/forward_rounds.json"  # tools/forward_rounds.py on an H100 (commit a15eac2)
 FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit c660b30)
 
@@ -1070,8 +1070,41 @@ def one_kernel_backward_figures(R):
             (f"docs/results/{ONE_KERNEL_BWD}/README.md", pub)]
 
 
+ROWS_PAD_TOP = "cuda/forward_rows_pad_top"  # tools/ws_forward_ab.py, 3526fd2 ("old") against 3f0431c ("new"), H200
+
+
+def _rows_pad_top(R):
+    """{(dtype, B, H, N, D, mask): {label: [TFLOP/s per run]}} from the A/B's lines (label fwd dtype B H N D mask ms
+    TFLOP/s), both dtypes' files."""
+    out = {}
+    for name in ("ab_fp16.txt", "ab_bf16.txt"):
+        for line in R.text(f"{ROWS_PAD_TOP}/{name}").splitlines():
+            f = line.split()
+            if len(f) == 10 and f[1] == "fwd":
+                key = (f[2], int(f[3]), int(f[4]), int(f[5]), int(f[6]), f[7])
+                out.setdefault(key, {}).setdefault(f[0], []).append(float(f[9]))
+    return out
+
+
+def t_ws_rows_pad_top(R, lang):
+    """wgmma-ws's forward, causal, with its rows blocks aligned to row 0 (old) and to the last query row (new):
+    the mean TFLOP/s of each checkout's runs and new over old (ROWS_PAD_TOP)."""
+    out = []
+    for (dtype, B, Hh, N, D, mask), runs in _rows_pad_top(R).items():
+        if mask != "causal":
+            continue
+        old, new = (sum(runs[k]) / len(runs[k]) for k in ("old", "new"))
+        Br = 192 if D in (32, 64) else 128
+        out.append([SHORT_DTYPE[dtype], f"B{B} H{Hh}", N, D, Br, -N % Br, f0(old), f0(new), f"{new / old:.3f}×"])
+    header = [H(lang, "dtype", "数据类型"), H(lang, "shape", "形状"), "N", "D", "Br",
+              H(lang, "padding rows", "填充行"), H(lang, "rows from row 0", "从第 0 行排"),
+              H(lang, "rows to the last", "排到最后一行"), H(lang, "new / old", "新 / 旧")]
+    return table(header, out, right=set(range(2, 9)))
+
+
 TABLES = {
     "hdim256": t_hdim256,
+    "ws-rows-pad-top": t_ws_rows_pad_top,
     "cpu-memory": t_cpu_memory,
     "cpu-accuracy": t_cpu_accuracy,
     "gpu-summary": t_gpu_summary,
@@ -1219,6 +1252,19 @@ def mma_persistent_figures(R):
           f"{span(gain(long), lambda x: f'{x:.3f}', '×')} at N ≥ 2048")
     zh = (f"N = 1024 时为 {span(gain(short), lambda x: f'{x:.3f}', '×')}（D = 128 为 FA2 的 {span(d128, f2, '×')}），"
           f"N ≥ 2048 时为 {span(gain(long), lambda x: f'{x:.3f}', '×')}")
+    return [("docs/performance.md", en), ("docs/backend_cuda.md", en), ("docs/results/cuda/README.md", en),
+            ("docs/zh/performance.md", zh), ("docs/zh/backend_cuda.md", zh)]
+
+
+def rows_pad_top_figures(R):
+    """The A/B in prose: causal rows with padding, and the rows that did not change (not causal, or no padding)."""
+    ab = _rows_pad_top(R)
+    ratio = lambda runs: (sum(runs["new"]) / len(runs["new"])) / (sum(runs["old"]) / len(runs["old"]))  # noqa: E731
+    padded = [ratio(v) for k, v in ab.items() if k[5] == "causal" and k[3] % 192]
+    control = [ratio(v) for k, v in ab.items() if k[5] != "causal"]
+    g = lambda x: f"{x:.3f}"  # noqa: E731
+    en = (f"causal, with padding rows, {span(padded, g, '×')}; not causal (nothing moves) {span(control, g, '×')}")
+    zh = (f"有填充行的因果情形为 {span(padded, g, '×')}；非因果（什么都没变）为 {span(control, g, '×')}")
     return [("docs/performance.md", en), ("docs/backend_cuda.md", en), ("docs/results/cuda/README.md", en),
             ("docs/zh/performance.md", zh), ("docs/zh/backend_cuda.md", zh)]
 
@@ -1557,7 +1603,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
