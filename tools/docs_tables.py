@@ -492,7 +492,7 @@ def t_hopper_targets(R, lang):
 
 H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"  # the hopper preset on an H200 (commit 3f0431c)
 FORWARD_ROUNDS = "cuda/forward_rounds/forward_rounds.json"  # tools/forward_rounds.py on an H100 (commit a15eac2)
-FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit c660b30)
+FORWARD_ROUNDS_H200 = "cuda/forward_rounds_h200/forward_rounds.json"  # ... on an H200 (commit dd51fa5)
 
 
 def t_hopper_targets_h200(R, lang):
