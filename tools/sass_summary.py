@@ -14,6 +14,14 @@ with nvcc alone gets nvdisasm from PyPI without installing anything,
     python3 tools/sass_summary.py --source wgmma_ws.cu --nvdisasm "$(find /tmp/nvd -name nvdisasm -type f)"
 
 ``--dump DIR`` also writes each kernel's SASS to DIR, one file per kernel, to read the instructions in order.
+
+``--philox`` adds, for each kernel that draws dropout's random numbers (philox.cuh), how many Philox4x32-10
+evaluations its SASS holds (one FMUL by tl.rand's scale 0x1.fffffep-32 each) and the integer multiplies by the two
+round multipliers per evaluation (IMAD.WIDE.U32: both halves of a product; IMAD.HI.U32: the high half; IMAD: the low
+half). Ten rounds with the counter's upper words 0 need 18: both halves of A c0 in round 1 (B c2 = 0), all four
+halves in rounds 2 to 8 (two products each), two halves in round 9 and one in round 10 (only c0 is kept).
+
+    python3 tools/sass_summary.py --source wgmma_ws.cu --philox --nvdisasm PATH
 """
 import argparse
 import collections
@@ -63,6 +71,24 @@ def count_ops(text: str) -> collections.Counter:
     return collections.Counter(_INSTRUCTION.findall(text))
 
 
+# Philox4x32-10's round multipliers as SASS writes them (signed 32-bit immediates: 0xD2511F53, 0xCD9E8D57), and
+# tl.rand's uint32 -> [0, 1) scale 0x1.fffffep-32 (philox.cuh: uint32_to_uniform), multiplied once per evaluation
+PHILOX_MULTIPLIERS = ("-0x2daee0ad", "-0x326172a9")
+PHILOX_SCALE = "4.6566125955216364218e-10"
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s+([^;]*);")
+
+
+def philox_counts(text: str):
+    """(Philox evaluations, {IMAD opcode with its modifiers: how many multiply by a round multiplier}) in ``text``."""
+    evals, muls = 0, collections.Counter()
+    for op, operands in _OPCODE.findall(text):
+        if op == "FMUL" and PHILOX_SCALE in operands:
+            evals += 1
+        elif op.startswith("IMAD") and any(m in operands.split(", ") for m in PHILOX_MULTIPLIERS):
+            muls[op] += 1
+    return evals, muls
+
+
 def disassembler(nvdisasm=None):
     """(command, name) that prints a cubin's SASS: cuobjdump -sass, else nvdisasm -c (``nvdisasm`` or $NVDISASM or
     the PATH's); None where neither is there."""
@@ -78,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--source", action="append", help="a .cu in flash_attention_cuda/kernels (repeatable)")
     ap.add_argument("--nvdisasm", help="nvdisasm to use instead of cuobjdump")
     ap.add_argument("--dump", help="write each kernel's SASS into this folder")
+    ap.add_argument("--philox", action="store_true",
+                    help="count the Philox evaluations (dropout) and their integer multiplies per evaluation")
     args = ap.parse_args(argv)
     dis = disassembler(args.nvdisasm)
     if dis is None:
@@ -101,6 +129,11 @@ def main(argv=None):
             ops = count_ops(text)
             print(f"  {name}: {usage.get(name, '?')}\n    " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k])
                   + f"; total {sum(ops.values())}")
+            evals, muls = philox_counts(text) if args.philox else (0, {})
+            if evals:
+                per = {op: n / evals for op, n in sorted(muls.items())}
+                print(f"    Philox: {evals} evaluations; per evaluation " + ", ".join(f"{op} {v:g}" for op, v in
+                      per.items()) + f": {sum(per.values()):g} multiplies by the round multipliers")
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 with open(os.path.join(args.dump, f"{name}.sass"), "w") as f:
