@@ -1269,6 +1269,23 @@ def rows_pad_top_figures(R):
             ("docs/zh/performance.md", zh), ("docs/zh/backend_cuda.md", zh)]
 
 
+PHILOX_SASS = "cuda/philox_sass/philox_sass.txt"  # tools/sass_summary.py --philox over every dropout kernel
+
+
+def philox_sass_figures(R):
+    """Integer multiplies by Philox's round multipliers per evaluation in the SASS of the kernels with dropout
+    (PHILOX_SASS): the forwards' (one figure when they agree) and the backwards' span."""
+    rows = [line.split(" | ") for line in R.text(PHILOX_SASS).splitlines() if not line.startswith("#")]
+    fwd = [float(r[4]) for r in rows if "_bwd_" not in r[1]]
+    bwd = [float(r[4]) for r in rows if "_bwd_" in r[1]]
+    g = lambda x: f"{x:.0f}"  # noqa: E731
+    en = (f"every forward kernel with dropout ({len(fwd)} instantiations) issues {span(fwd, g)} integer multiplies by the "
+          f"round multipliers per Philox evaluation, the backward kernels ({len(bwd)} instantiations) {span(bwd, g)}")
+    zh = (f"每个带 dropout 的前向内核（{len(fwd)} 个实例）每次 Philox 求值发出 {span(fwd, g)} 条乘以轮乘数的整数乘法，"
+          f"反向内核（{len(bwd)} 个实例）为 {span(bwd, g)} 条")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
+
+
 def h200_window_figures(R):
     """The window section on an H200 (benchmark/h200-variants/window-dropout, commit c2a73a0): Triton and cuda-wgmma-ws
     over FlexAttention, forward and backward, as performance.md's *Window* bullet quotes them."""
@@ -1603,7 +1620,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
