@@ -18,8 +18,8 @@ with nvcc alone gets nvdisasm from PyPI without installing anything,
 ``--philox`` adds, for each kernel that draws dropout's random numbers (philox.cuh), how many Philox4x32-10
 evaluations its SASS holds (one FMUL by tl.rand's scale 0x1.fffffep-32 each) and the integer multiplies by the two
 round multipliers per evaluation (IMAD.WIDE.U32: both halves of a product; IMAD.HI.U32: the high half; IMAD: the low
-half). Ten rounds with the counter's upper words 0 need 18: both halves of A c0 in round 1 (B c2 = 0), all four
-halves in rounds 2 to 8 (two products each), two halves in round 9 and one in round 10 (only c0 is kept).
+half). Ten rounds with the counter's upper words 0 need 18, a product counted once whether one half or both are
+used: A c0 in round 1 (B c2 = 0), both products in rounds 2 to 9, B c2 in round 10 (only c0 is kept).
 
     python3 tools/sass_summary.py --source wgmma_ws.cu --philox --nvdisasm PATH
 """
