@@ -22,6 +22,9 @@ half). Ten rounds with the counter's upper words 0 need 18, a product counted on
 used: A c0 in round 1 (B c2 = 0), both products in rounds 2 to 9, B c2 in round 10 (only c0 is kept).
 
     python3 tools/sass_summary.py --source wgmma_ws.cu --philox --nvdisasm PATH
+
+``--triton`` counts the same in the Triton kernels with dropout instead (forward, dQ, dK/dV at D = 64 and 128, fp16,
+compiled for sm_90 by ``tools/triton_aot.py``'s ``compile_kernel``, no GPU; run with TRITON_INTERPRET unset).
 """
 import argparse
 import collections
@@ -98,6 +101,44 @@ def disassembler(nvdisasm=None):
     return ([path, "-c"], "nvdisasm") if path and os.path.exists(path) else None
 
 
+# the Triton kernels --triton compiles: (kernel, (BLOCK_M, BLOCK_N, warps, stages)), the dQ and dK/dV tiles the
+# autotuner picked for the window record (docs/results/triton/window_backward_configs.txt)
+TRITON_KERNELS = (("fwd", (128, 64, 4, 3)), ("dq", (128, 64, 8, 3)), ("dkdv", (32, 64, 4, 3)))
+
+
+def report(name, usage, text, philox, dump=None):
+    """Print one kernel's line: registers/spills, the counted opcodes, and (philox) its Philox multiplies."""
+    ops = count_ops(text)
+    print(f"  {name}: {usage}\n    " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k]) + f"; total {sum(ops.values())}")
+    evals, muls = philox_counts(text) if philox else (0, {})
+    if evals:
+        per = {op: n / evals for op, n in sorted(muls.items())}
+        print(f"    Philox: {evals} evaluations; per evaluation " + ", ".join(f"{op} {v:g}" for op, v in per.items())
+              + f": {sum(per.values()):g} multiplies by the round multipliers")
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        with open(os.path.join(dump, f"{name}.sass"), "w") as f:
+            f.write(text)
+
+
+def triton_kernels(dis, philox, dump=None):
+    """The Triton kernels with dropout (TRITON_KERNELS, D 64 and 128, fp16), compiled for sm_90 without a GPU."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import triton_aot
+
+    print(f"== Triton (sm_90; SASS by {dis[1]})")
+    for D in (64, 128):
+        for kernel, config in TRITON_KERNELS:
+            compiled = triton_aot.compile_kernel(kernel, "float16", D, False, config, 90, "dropout")
+            with tempfile.TemporaryDirectory() as tmp:
+                cubin = os.path.join(tmp, "k.cubin")
+                with open(cubin, "wb") as f:
+                    f.write(compiled.asm["cubin"])
+                sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
+            usage = f"{compiled.metadata.num_warps} warps, {compiled.metadata.shared} bytes of shared memory"
+            report(f"triton {kernel} {config} D={D} fp16 dropout", usage, sass, philox, dump)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90", help="for the sources other than wgmma*.cu (those: sm_90a)")
@@ -106,10 +147,16 @@ def main(argv=None):
     ap.add_argument("--dump", help="write each kernel's SASS into this folder")
     ap.add_argument("--philox", action="store_true",
                     help="count the Philox evaluations (dropout) and their integer multiplies per evaluation")
+    ap.add_argument("--triton", action="store_true", help="the Triton kernels with dropout instead of --source")
     args = ap.parse_args(argv)
     dis = disassembler(args.nvdisasm)
     if dis is None:
         ap.error("neither cuobjdump nor nvdisasm found: pass --nvdisasm PATH (see this tool's docstring)")
+    if args.triton:
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            ap.error("--triton compiles for a real GPU: run with TRITON_INTERPRET unset")
+        triton_kernels(dis, args.philox, args.dump)
+        return 0
     if shutil.which("nvcc") is None:
         ap.error("nvcc not found")
     for source in args.source or ["mma.cu", "tiled.cu"]:
@@ -126,18 +173,7 @@ def main(argv=None):
             usage = resource_usage(res.stdout + res.stderr)
             sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
         for name, text in split_functions(sass):
-            ops = count_ops(text)
-            print(f"  {name}: {usage.get(name, '?')}\n    " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k])
-                  + f"; total {sum(ops.values())}")
-            evals, muls = philox_counts(text) if args.philox else (0, {})
-            if evals:
-                per = {op: n / evals for op, n in sorted(muls.items())}
-                print(f"    Philox: {evals} evaluations; per evaluation " + ", ".join(f"{op} {v:g}" for op, v in
-                      per.items()) + f": {sum(per.values()):g} multiplies by the round multipliers")
-            if args.dump:
-                os.makedirs(args.dump, exist_ok=True)
-                with open(os.path.join(args.dump, f"{name}.sass"), "w") as f:
-                    f.write(text)
+            report(name, usage.get(name, "?"), text, args.philox, args.dump)
     return 0
 
 
