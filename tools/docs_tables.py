@@ -1270,6 +1270,7 @@ def rows_pad_top_figures(R):
 
 
 PHILOX_SASS = "cuda/philox_sass/philox_sass.txt"  # tools/sass_summary.py --philox over every dropout kernel
+PHILOX_SASS_TRITON = "triton/philox_sass/philox_sass_triton.txt"  # ... --triton --philox
 
 
 def philox_sass_figures(R):
@@ -1278,11 +1279,13 @@ def philox_sass_figures(R):
     rows = [line.split(" | ") for line in R.text(PHILOX_SASS).splitlines() if not line.startswith("#")]
     fwd = [float(r[4]) for r in rows if "_bwd_" not in r[1]]
     bwd = [float(r[4]) for r in rows if "_bwd_" in r[1]]
+    tri = [float(x) for x in re.findall(r": ([\d.]+) multiplies by the round", R.text(PHILOX_SASS_TRITON))]
     g = lambda x: f"{x:.0f}"  # noqa: E731
     en = (f"every forward kernel with dropout ({len(fwd)} instantiations) issues {span(fwd, g)} integer multiplies by the "
-          f"round multipliers per Philox evaluation, the backward kernels ({len(bwd)} instantiations) {span(bwd, g)}")
+          f"round multipliers per Philox evaluation, the backward kernels ({len(bwd)} instantiations) {span(bwd, g)}, "
+          f"and Triton's forward, dQ and dK/dV kernels {span(tri, g)}")
     zh = (f"每个带 dropout 的前向内核（{len(fwd)} 个实例）每次 Philox 求值发出 {span(fwd, g)} 条乘以轮乘数的整数乘法，"
-          f"反向内核（{len(bwd)} 个实例）为 {span(bwd, g)} 条")
+          f"反向内核（{len(bwd)} 个实例）为 {span(bwd, g)} 条，Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
 
 
