@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from .masks import kv_blocks, q_blocks, span_start, two_spans, visible
+from .philox import dropout_keep
 from .tiles import _LN2, _LOG2E, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
@@ -100,7 +101,7 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
         # dP_ij^T = V_j dO_i^T
         dP_ijT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
         if DROPOUT:  # Z_ij^T, drawn again: the forward's offsets ((b*H + h)*Nq + i)*Nk + j, transposed
-            keep = tl.rand(dropout_seed, (drop_row0 + rows[None, :]) * Nk + offs_n[:, None]) >= dropout_p
+            keep = dropout_keep(dropout_seed, (drop_row0 + rows[None, :]) * Nk + offs_n[:, None], dropout_p)
             # dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
             dv = tl.dot(keep_scaled(P_ijT, keep, dropout_p).to(do.dtype), do, dv, input_precision=DOT_PREC)
             # dP_ij^T (of the dropped weights) = (V_j dO_i^T) * Z_ij^T / (1 - p)
@@ -198,7 +199,7 @@ def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m
         # dP_ij = dO_i V_j^T
         dP_ij = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:  # of the dropped weights: dP_ij * Z_ij / (1 - p), Z_ij drawn again from the seed
-            keep = tl.rand(dropout_seed, drop_rows[:, None] * Nk + cols[None, :]) >= dropout_p
+            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], dropout_p)
             dP_ij = keep_scaled(dP_ij, keep, dropout_p)
         # dS_ij = P_ij * (dP_ij - Delta_i)
         dS_ij = P_ij * (dP_ij - delta[:, None])

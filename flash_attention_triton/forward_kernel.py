@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .masks import kv_blocks, span_start, two_spans, visible
+from .philox import dropout_keep
 from .tiles import _LN2, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
@@ -68,7 +69,7 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
         # load V_j (Bc, D)
         v = load_tile(V_ptr + cols[:, None] * stride_vn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DROPOUT:  # Z_ij: keep where tl.rand(seed, ((b*H + h)*Nq + i)*Nk + j) >= p; 1/(1-p) at the end
-            keep = tl.rand(dropout_seed, drop_rows[:, None] * Nk + cols[None, :]) >= dropout_p
+            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], dropout_p)
             P_ij = tl.where(keep, P_ij, 0.0)
         # acc = alpha * acc + P_ij V_j   (P_ij rounded to V's dtype for the tensor cores, as in FA2)
         acc = acc * alpha[:, None]

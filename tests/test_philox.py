@@ -63,6 +63,15 @@ try:
         inside = idx < n
         word = tl.load(words_ptr + idx, mask=inside, other=0)  # int32 reading of the uint32 word
         tl.store(u_ptr + idx, tl.random.uint_to_uniform_float(word), mask=inside)
+
+    from flash_attention_triton import philox as triton_philox
+
+    @triton.jit
+    def _kernels_rand_kernel(u_ptr, offsets_ptr, seed, n, BLOCK: tl.constexpr):
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = idx < n
+        offset = tl.load(offsets_ptr + idx, mask=inside, other=0)  # int64
+        tl.store(u_ptr + idx, triton_philox.philox_uniform(seed, offset), mask=inside)
 except ImportError:
     triton = None
 
@@ -85,6 +94,20 @@ def test_numpy_and_torch_match_tl_rand_bit_for_bit():
         assert 0.0 <= u_numpy.min() and u_numpy.max() < 1.0
     # the seed's high half is a key word, as in tl.rand: seed and seed + 2**32 differ
     assert not np.array_equal(philox.philox_uniform(7, offsets), philox.philox_uniform(7 + 2**32, offsets))
+
+
+@needs_triton
+def test_triton_kernels_philox_matches_tl_rand_bit_for_bit():
+    """flash_attention_triton/philox.py (one 64-bit product a multiply; on a GPU mul.wide.u32 in PTX) is tl.rand."""
+    offsets = _offsets()
+    off_t = torch.from_numpy(offsets).to(DEVICE)
+    for seed in SEEDS + [2**63 - 1]:
+        u_rand = torch.empty(len(offsets), dtype=torch.float32, device=DEVICE)
+        u_ours = torch.empty(len(offsets), dtype=torch.float32, device=DEVICE)
+        grid = (triton.cdiv(len(offsets), 1024),)
+        _rand_kernel[grid](u_rand, off_t, seed, len(offsets), BLOCK=1024)
+        _kernels_rand_kernel[grid](u_ours, off_t, seed, len(offsets), BLOCK=1024)
+        assert np.array_equal(_bits(u_ours), _bits(u_rand)), f"philox_uniform differs from tl.rand for seed {seed}"
 
 
 @needs_triton
