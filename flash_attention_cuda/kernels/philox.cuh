@@ -34,8 +34,11 @@ __device__ __forceinline__ float philox_uniform(unsigned seed_lo, unsigned seed_
     unsigned k0 = seed_lo, k1 = seed_hi;
 #pragma unroll
     for (int round = 0; round < 10; ++round) {
-        const unsigned hi_b = __umulhi(ROUND_B, c2), lo_b = ROUND_B * c2;
-        const unsigned hi_a = __umulhi(ROUND_A, c0), lo_a = ROUND_A * c0;
+        // one 32 x 32 -> 64-bit product each (mul.wide.u32: one IMAD.WIDE.U32), not a high and a low multiply
+        const unsigned long long prod_b = static_cast<unsigned long long>(ROUND_B) * c2;
+        const unsigned long long prod_a = static_cast<unsigned long long>(ROUND_A) * c0;
+        const unsigned hi_b = static_cast<unsigned>(prod_b >> 32), lo_b = static_cast<unsigned>(prod_b);
+        const unsigned hi_a = static_cast<unsigned>(prod_a >> 32), lo_a = static_cast<unsigned>(prod_a);
         c0 = hi_b ^ c1 ^ k0;
         c1 = lo_b;
         c2 = hi_a ^ c3 ^ k1;
