@@ -6,6 +6,7 @@ shapes: one checkout against another. ``--backend triton`` times the Triton kern
     PYTHONPATH=. python tools/ws_forward_ab.py --label new                 # on a Hopper GPU, in this checkout
     (cd ../other && PYTHONPATH=. python ../main/tools/ws_forward_ab.py --label old)   # the same, in another one
     PYTHONPATH=. python tools/ws_forward_ab.py --label new --backward --window 256,256 --shapes 1x16x16384x128
+    PYTHONPATH=. python tools/ws_forward_ab.py --label new --dropout 0.1 --shapes 4x32x4096x64,4x16x4096x128
     FA_CUDA_LAUNCH_PLANS=0 PYTHONPATH=. python tools/ws_forward_ab.py --label new --backend triton
 
 Run it in two checkouts in turn, on the same machine (and once more in the first, to see the spread): the kernels
@@ -32,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
     ap.add_argument("--window", default="", help="one window L,R instead of not causal and causal (e.g. 256,256)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout_p (seed 2**33 + 7, as benchmarks.variants; default: %(default)s, no dropout)")
     ap.add_argument("--backend", default="cuda-wgmma-ws", choices=("cuda-wgmma-ws", "triton"),
                     help="the kernels to time (default: %(default)s)")
     args = ap.parse_args(argv)
@@ -44,23 +47,25 @@ def main(argv=None) -> int:
     from flash_attention_py.inputs import make_inputs
     from flash_attention_py.masks import window_for
 
+    drop = (args.dropout, 2**33 + 7) if args.dropout else (0.0, None)
     if args.backend == "triton":
         from flash_attention_triton import launch
 
         def fwd(q, k, v, window, scale):
-            return launch._forward(q, k, v, window, scale)
+            return launch._forward(q, k, v, window, scale, dropout_p=drop[0], dropout_seed=drop[1])
 
         def bwd(q, k, v, o, lse, do, window, scale):
-            return launch._backward(q, k, v, o, lse, do, window, scale)
+            return launch._backward(q, k, v, o, lse, do, window, scale, dropout_p=drop[0], dropout_seed=drop[1])
     else:
         from flash_attention_cuda import launch_specs
 
         def fwd(q, k, v, window, scale):
-            return launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws")
+            return launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", dropout=drop)
 
         def bwd(q, k, v, o, lse, do, window, scale):
-            return launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws")
+            return launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws", dropout=drop)
 
+    tag = f" p={args.dropout:g}" if args.dropout else ""
     masks = [(f"window{args.window}", tuple(map(int, args.window.split(","))))] if args.window else \
         [("not-causal", window_for(False)), ("causal", window_for(True))]
     mode = "bwd" if args.backward else "fwd"
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
             call()  # compiled (Triton: tuned) and warm
             ms = do_bench_cudagraph(call, return_mode="median")
             flops = attention_flops(B, H, N, N, D, mode=mode, window_size=window)
-            print(args.label, mode, args.dtype, B, H, N, D, name, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
+            print(args.label, mode, args.dtype, B, H, N, D, name + tag, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
                   flush=True)
     return 0
 
