@@ -36,7 +36,7 @@ few programs: MQA has B * cdiv(Nk, Bc) of them), each writes a float32 partial s
 the splits up.
 
 Dropout (DROPOUT constexpr): the keep mask Z is drawn again from the seed, exactly as the forward drew it
-(tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p), never stored:
+(tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p, through ``philox.dropout_keep``), never stored:
 
     dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
     dP_ij = (dO_i V_j^T) * Z_ij / (1 - p)

@@ -22,8 +22,8 @@ visited. The kernel walks the full blocks first and then both partial stages in 
 
 Grouped-query attention: K and V have Hk = H // group heads; query head h reads K/V head h // group
 (the pointer moves, nothing is copied). Dropout (DROPOUT, a constexpr: without it the kernel is the plain
-one): after P_ij, keep = tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p (int64 offsets,
-``flash_attention_py/philox.py`` draws the same bits); acc sums (P_ij * keep) V_j while l_i sums P_ij
+one): after P_ij, keep = tl.rand(dropout_seed, ((b*H + h)*Nq + i)*Nk + j) >= dropout_p (int64 offsets;
+``philox.dropout_keep`` draws tl.rand's bits with fewer multiplies, ``flash_attention_py/philox.py`` the same bits); acc sums (P_ij * keep) V_j while l_i sums P_ij
 before dropout, so lse is the softmax's own; O = acc / l_i / (1 - dropout_p).
 """
 import triton

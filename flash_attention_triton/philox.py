@@ -16,8 +16,6 @@ whose high and low halves are hi() and lo(): ptxas issues one IMAD.WIDE.U32 for 
 c2 = 0 and c3 = 0, which costs nothing, and round 10 needs only c0 (hi(B*c2)). ``tools/sass_summary.py
 --triton --philox`` counts what the kernels issue.
 """
-import os
-
 import triton
 import triton.language as tl
 
@@ -27,7 +25,7 @@ PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
 PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
 
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+if triton.knobs.runtime.interpret:  # TRITON_INTERPRET=1, read as the kernels' decorators read it
     @triton.jit
     def _wide(word, M: tl.constexpr):
         """(hi(M * word), lo(M * word)) of the 64-bit product of two uint32 (the interpreter: NumPy's uint64)."""

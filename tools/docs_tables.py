@@ -883,15 +883,16 @@ def t_variants_targets(R, lang):
     return _variants_targets_table(sections, lang)
 
 
-H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: gqa/ and window-dropout/
+H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: window-dropout/, gqa/, dropout/
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records (window and dropout from one run, GQA from another)."""
+    """The same targets from the H200 records of the current kernels (window from window-dropout/, GQA from gqa/,
+    dropout from dropout/, the run after the kernels' Philox products became one wide multiply each)."""
     wd = R.json(f"{H200_VARIANTS}/window-dropout/variants.json")["summary"]
     sections = {"window": [e for e in wd if e["section"] == "window"],
                 "gqa": R.json(f"{H200_VARIANTS}/gqa/variants.json")["summary"],
-                "dropout": [e for e in wd if e["section"] == "dropout"]}
+                "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
     return _variants_targets_table(sections, lang)
 
 
@@ -1102,7 +1103,38 @@ def t_ws_rows_pad_top(R, lang):
     return table(header, out, right=set(range(2, 9)))
 
 
+PHILOX_WIDE = {"cuda-wgmma-ws": "cuda/philox_wide/ab_cuda_dropout.txt",  # tools/ws_forward_ab.py --dropout 0.1,
+               "triton": "triton/philox_wide/ab_triton_dropout.txt"}  # new (05e73cb) and old (abd3e9a) in turn
+
+
+def _philox_wide(R):
+    """{(backend, mode, D, mask): {label: [ms per run]}} from the two A/B records (PHILOX_WIDE)."""
+    out = {}
+    for backend, rel in PHILOX_WIDE.items():
+        for line in R.text(rel).splitlines():
+            f = line.split()
+            if len(f) == 11 and f[1] in ("fwd", "bwd"):
+                out.setdefault((backend, f[1], int(f[6]), f[7]), {}).setdefault(f[0], []).append(float(f[9]))
+    return out
+
+
+def t_philox_wide(R, lang):
+    """Dropout's kernels with each Philox product as a low and a high multiply (old) and as one wide multiply (new):
+    the median time of each checkout's runs and old over new (PHILOX_WIDE), fp16, p = 0.1, N = 4096."""
+    out = []
+    for (backend, mode, D, mask), runs in _philox_wide(R).items():
+        old, new = (statistics.median(runs[k]) for k in ("old", "new"))
+        shape = "B4 H32" if D == 64 else "B4 H16"
+        out.append([backend, mode, f"{shape} D{D}", H(lang, "causal", "因果") if mask == "causal" else
+                    H(lang, "not causal", "非因果"), f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
+    header = [H(lang, "kernels", "内核"), H(lang, "mode", "模式"), H(lang, "shape", "形状"), H(lang, "mask", "掩码"),
+              H(lang, "two multiplies (ms)", "两条乘法（ms）"), H(lang, "one wide multiply (ms)", "一条宽乘法（ms）"),
+              H(lang, "speed-up", "加速")]
+    return table(header, out, right={4, 5, 6})
+
+
 TABLES = {
+    "philox-wide": t_philox_wide,
     "hdim256": t_hdim256,
     "ws-rows-pad-top": t_ws_rows_pad_top,
     "cpu-memory": t_cpu_memory,
@@ -1271,22 +1303,68 @@ def rows_pad_top_figures(R):
 
 PHILOX_SASS = "cuda/philox_sass/philox_sass.txt"  # tools/sass_summary.py --philox over every dropout kernel
 PHILOX_SASS_TRITON = "triton/philox_sass/philox_sass_triton.txt"  # ... --triton --philox
+# the same counts before each product was written as one wide multiply (philox.cuh's __umulhi and low multiply;
+# tl.rand's umulhi and mul)
+PHILOX_SASS_BEFORE = "cuda/philox_sass/philox_sass_umulhi.txt"
+PHILOX_SASS_TRITON_BEFORE = "triton/philox_sass/philox_sass_tl_rand.txt"
+
+
+def _philox_counts(R, cuda_rel, triton_rel):
+    """(forward totals, backward totals, Triton totals) per Philox evaluation in one CUDA and one Triton record."""
+    rows = [line.split(" | ") for line in R.text(cuda_rel).splitlines() if not line.startswith("#")]
+    fwd = [float(r[4]) for r in rows if "_bwd_" not in r[1]]
+    bwd = [float(r[4]) for r in rows if "_bwd_" in r[1]]
+    tri = [float(x) for x in re.findall(r": ([\d.]+) multiplies by the round", R.text(triton_rel))]
+    return fwd, bwd, tri
 
 
 def philox_sass_figures(R):
-    """Integer multiplies by Philox's round multipliers per evaluation in the SASS of the kernels with dropout
-    (PHILOX_SASS): the forwards' (one figure when they agree) and the backwards' span."""
-    rows = [line.split(" | ") for line in R.text(PHILOX_SASS).splitlines() if not line.startswith("#")]
-    fwd = [float(r[4]) for r in rows if "_bwd_" not in r[1]]
-    bwd = [float(r[4]) for r in rows if "_bwd_" in r[1]]
-    tri = [float(x) for x in re.findall(r": ([\d.]+) multiplies by the round", R.text(PHILOX_SASS_TRITON))]
+    """Integer multiplies by Philox's round multipliers per evaluation in the SASS of the kernels with dropout, now
+    (PHILOX_SASS, PHILOX_SASS_TRITON) and with each product as two multiplies (the *_BEFORE records)."""
+    fwd, bwd, tri = _philox_counts(R, PHILOX_SASS, PHILOX_SASS_TRITON)
+    fwd0, bwd0, tri0 = _philox_counts(R, PHILOX_SASS_BEFORE, PHILOX_SASS_TRITON_BEFORE)
     g = lambda x: f"{x:.0f}"  # noqa: E731
-    en = (f"every forward kernel with dropout ({len(fwd)} instantiations) issues {span(fwd, g)} integer multiplies by the "
-          f"round multipliers per Philox evaluation, the backward kernels ({len(bwd)} instantiations) {span(bwd, g)}, "
-          f"and Triton's forward, dQ and dK/dV kernels {span(tri, g)}")
-    zh = (f"每个带 dropout 的前向内核（{len(fwd)} 个实例）每次 Philox 求值发出 {span(fwd, g)} 条乘以轮乘数的整数乘法，"
-          f"反向内核（{len(bwd)} 个实例）为 {span(bwd, g)} 条，Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条")
+    en = (f"every CUDA kernel with dropout ({len(fwd)} forward and {len(bwd)} backward instantiations) issues "
+          f"{span(fwd + bwd, g)} integer multiplies by the round multipliers per Philox evaluation, and Triton's forward, "
+          f"dQ and dK/dV kernels {span(tri, g)}; with each product written as a high and a low multiply, the forwards "
+          f"issued {span(fwd0, g)}, the backwards {span(bwd0, g)} and Triton's kernels {span(tri0, g)}")
+    zh = (f"每个带 dropout 的 CUDA 内核（前向 {len(fwd)} 个、反向 {len(bwd)} 个实例）每次 Philox 求值发出 "
+          f"{span(fwd + bwd, g)} 条乘以轮乘数的整数乘法，Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条；"
+          f"每个乘积写成一条高位乘法加一条低位乘法时，前向为 {span(fwd0, g)} 条，反向为 {span(bwd0, g)} 条，"
+          f"Triton 的内核为 {span(tri0, g)} 条")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
+
+
+def philox_wide_figures(R):
+    """The A/B of the wide multiplies (PHILOX_WIDE) in prose: old over new per backend and mode."""
+    ab = _philox_wide(R)
+
+    def x(backend, mode):
+        return span([statistics.median(v["old"]) / statistics.median(v["new"]) for k, v in ab.items()
+                     if k[:2] == (backend, mode)], lambda r: f"{r:.3f}", "×")
+
+    en = (f"Triton's forward {x('triton', 'fwd')} and backward {x('triton', 'bwd')} as fast as before; cuda-wgmma-ws's "
+          f"forward {x('cuda-wgmma-ws', 'fwd')} and backward {x('cuda-wgmma-ws', 'bwd')}")
+    zh = (f"Triton 的前向为之前的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}；cuda-wgmma-ws 的前向为 "
+          f"{x('cuda-wgmma-ws', 'fwd')}，反向为 {x('cuda-wgmma-ws', 'bwd')}")
+    tri_en = f"forward {x('triton', 'fwd')} and backward {x('triton', 'bwd')} as fast as with `tl.rand`"
+    tri_zh = f"前向为使用 `tl.rand` 时的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}"
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/backend_triton.md", tri_en),
+            ("docs/zh/backend_triton.md", tri_zh)]
+
+
+def gqa_repeat_figures(R):
+    """The GQA section run again on the H200 (h200-variants/gqa-repeat, commit 05e73cb; the GQA kernels of gqa/)."""
+    rows = R.json(f"{H200_VARIANTS}/gqa-repeat/variants.json")["summary"]
+    tri = [r["vs_best_alternative"]["triton"] for r in rows]
+    ws = [r["vs_best_alternative"]["cuda-wgmma-ws"] for r in rows]
+    low = [v for v in ws if v < 1.0]
+    en = (f"Triton {span(tri, f2, '×')} and cuda-wgmma-ws {span(ws, f2, '×')}, {len(low)} of {len(ws)} rows of "
+          f"cuda-wgmma-ws below 1.0× ({span(low, lambda x: f'{x:.3f}', '×')})")
+    zh = (f"Triton 为 {span(tri, f2, '×')}，cuda-wgmma-ws 为 {span(ws, f2, '×')}，cuda-wgmma-ws 的 {len(ws)} 行中 "
+          f"{len(low)} 行低于 1.0×（{span(low, lambda x: f'{x:.3f}', '×')}）")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh),
+            ("docs/results/benchmark/h200-variants/README.md", en)]
 
 
 def h200_window_figures(R):
@@ -1623,7 +1701,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
