@@ -15,7 +15,10 @@ profiler around exactly one call, so only that call's kernels are measured. From
   for the fp32 rungs that use no tensor cores;
 * DRAM throughput and SM throughput as a share of peak (Speed of Light);
 * achieved occupancy (active warps over the SM's maximum), registers per thread, local-memory (spill)
-  traffic, and shared-memory bank conflicts (loads and stores).
+  traffic, and shared-memory bank conflicts (loads and stores);
+* the scalar pipes (ALU, FMA-heavy, XU) and the issue slots (``sm__inst_issued``: one warp instruction per cycle
+  per SM sub-partition at most), which say whether scalar work between the products (dropout's Philox) is what
+  limits a kernel.
 
 It writes ``profiles.json`` (every kernel, every metric kept) and ``profiles.md`` (one table, and for each
 profile the limiter read from those numbers) into ``--out``. Needs a CUDA GPU and ``ncu`` on the PATH.
@@ -61,6 +64,8 @@ PROFILES = {
     "triton-fwd-d64-dropout": ("triton", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
     "sdpa-flash-fwd-d64": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False),
     "sdpa-flash-fwd-d64-dropout": ("sdpa-flash", "fwd", "float16", 4, 16, 4096, 64, False, 0.1),
+    "cuda-wgmma-ws-bwd-d64-dropout": ("cuda-wgmma-ws", "bwd", "float16", 4, 16, 4096, 64, False, 0.1),
+    "triton-bwd-d64-dropout": ("triton", "bwd", "float16", 4, 16, 4096, 64, False, 0.1),
     # a causal sliding window of 512 keys (window_size (512, 0)), the variants record's shape: Triton's two backward
     # kernels beside FlexAttention's one
     "triton-bwd-d128-window": ("triton", "bwd", "float16", 4, 16, 4096, 128, True, 0.0, (512, 0)),
@@ -87,6 +92,8 @@ EXTRA = [
     # the scalar pipes: ALU (integer and logic ops but multiplies: LOP3, shifts, compares), FMA-heavy (fp32 FMAs
     # and the integer multiplies, IMAD), XU (transcendentals and conversions: exp2, int -> float)
     "sm__pipe_alu_cycles_active", "sm__pipe_fmaheavy_cycles_active", "sm__pipe_xu_cycles_active",
+    # the issue slots: one warp instruction per cycle per SM sub-partition at most, whatever pipe it goes to
+    "sm__inst_issued",
 ]
 
 
@@ -221,6 +228,7 @@ def summarise(kernel) -> dict:
         "alu_pipe_pct": _pick(m, u, "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"),
         "fmaheavy_pipe_pct": _pick(m, u, "sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active"),
         "xu_pipe_pct": _pick(m, u, "sm__pipe_xu_cycles_active.avg.pct_of_peak_sustained_active"),
+        "issue_slots_pct": _pick(m, u, "sm__inst_issued.avg.pct_of_peak_sustained_active"),
         "sm_throughput_pct": _pick(m, u, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         "dram_throughput_pct": _pick(m, u, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                                      "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
@@ -251,9 +259,11 @@ def limiter(k) -> str:
     scalar = max(((k.get(key) or 0, name) for key, name in (("alu_pipe_pct", "ALU (integer and logic)"),
                                                             ("fmaheavy_pipe_pct", "FMA-heavy (fp32 and integer multiply)"),
                                                             ("xu_pipe_pct", "XU (exp2, conversions)"))))
+    issue = k.get("issue_slots_pct") or 0
     if scalar[0] >= 60 and (tensor is None or tensor < 60):
+        issued = f" (issue slots {issue:.0f}% busy)" if issue else ""
         return (f"the {scalar[1]} pipe {scalar[0]:.0f}% busy with the tensor pipe {tensor or 0:.0f}%: bound by scalar "
-                f"work between the matrix products{spill}")
+                f"work between the matrix products{issued}{spill}")
     if dram >= 60:
         return f"memory-bound: DRAM at {dram:.0f}% of peak{spill}"
     if l1 >= 60 and (tensor is None or tensor < 60):
@@ -352,11 +362,11 @@ def _fmt(v, spec=".0f"):
 def render_markdown(env, results) -> str:
     lines = [f"# Nsight Compute profiles ({env['gpu']}, commit {env['commit']})", "",
              "One call per row, after warm-up; the kernel columns are those of the call's longest kernel.", "",
-             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | ALU % | FMA-heavy % | XU % | DRAM % | L1/shared % | L2 % | occupancy % | regs | spill bytes | smem bank conflicts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| profile | TFLOP/s | time (µs) | longest kernel | tensor pipe % | FMA pipe % | ALU % | FMA-heavy % | XU % | DRAM % | L1/shared % | L2 % | occupancy % | regs | spill bytes | smem bank conflicts | issue slots % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['label']} | failed | | | | | | | | | | | | | | |")
+            lines.append(f"| {r['label']} | failed | | | | | | | | | | | | | | | |")
             continue
         k = max(r["kernels"], key=lambda k: k["time_us"])
         lines.append(f"| {r['label']} | {_fmt(r['tflops'])} | {_fmt(r['time_us'])} | `{k['kernel'][:40]}` | "
@@ -364,7 +374,7 @@ def render_markdown(env, results) -> str:
                      f"{_fmt(k.get('fmaheavy_pipe_pct'))} | {_fmt(k.get('xu_pipe_pct'))} | {_fmt(k['dram_throughput_pct'])} | "
                      f"{_fmt(k.get('l1_shared_throughput_pct'))} | {_fmt(k.get('l2_throughput_pct'))} | "
                      f"{_fmt(k['achieved_occupancy_pct'])} | {_fmt(k['registers_per_thread'])} | {_fmt(k['local_bytes'])} | "
-                     f"{_fmt(k['smem_bank_conflicts'])} |")
+                     f"{_fmt(k['smem_bank_conflicts'])} | {_fmt(k.get('issue_slots_pct'))} |")
     lines += ["", "## What limits each one", ""]
     lines += [f"* **{r['label']}**: {r.get('limiter', r.get('error', ''))}" for r in results]
     return "\n".join(lines) + "\n"
