@@ -1564,6 +1564,32 @@ def dropout_profile_figures(R):
              f"{pct(fa, 'fmaheavy_pipe_pct')}")]
 
 
+def dropout_profile_h200_figures(R):
+    """performance.md §9's reading of the dropout profiles on an H200 with the wide multiplies
+    (cuda/ncu-dropout-h200/profiles.json): the FMA-heavy pipe and the issue slots, forward and backward."""
+    prof = {p["label"]: max(p["kernels"], key=lambda k: k["time_us"])
+            for p in R.json("cuda/ncu-dropout-h200/profiles.json")["profiles"]}
+
+    def pct(label, key):
+        return f"{prof[label][key]:.0f} %"
+
+    wf, tf, fa = "cuda-wgmma-ws-fwd-d64-dropout", "triton-fwd-d64-dropout", "sdpa-flash-fwd-d64-dropout"
+    wb, tb = "cuda-wgmma-ws-bwd-d64-dropout", "triton-bwd-d64-dropout"
+    en = (f"the FMA-heavy pipe is {pct(wf, 'fmaheavy_pipe_pct')} busy in cuda-wgmma-ws's forward and "
+          f"{pct(tf, 'fmaheavy_pipe_pct')} in Triton's, and the issue slots {pct(wf, 'issue_slots_pct')} and "
+          f"{pct(tf, 'issue_slots_pct')} (SDPA's FA2 with its dropout: {pct(fa, 'issue_slots_pct')}); in the "
+          f"backward's longest kernels {pct(wb, 'fmaheavy_pipe_pct')} and {pct(tb, 'fmaheavy_pipe_pct')}, the issue "
+          f"slots {pct(wb, 'issue_slots_pct')} and {pct(tb, 'issue_slots_pct')}, at an occupancy of "
+          f"{pct(wf, 'achieved_occupancy_pct')}–{pct(tf, 'achieved_occupancy_pct')} in the forwards")
+    zh = (f"FMA-heavy 流水线在 cuda-wgmma-ws 的前向中 {pct(wf, 'fmaheavy_pipe_pct')} 忙碌，在 Triton 的前向中 "
+          f"{pct(tf, 'fmaheavy_pipe_pct')}，发射槽为 {pct(wf, 'issue_slots_pct')} 和 {pct(tf, 'issue_slots_pct')}"
+          f"（SDPA 的 FA2 带它自己的 dropout：{pct(fa, 'issue_slots_pct')}）；反向最长的内核中为 "
+          f"{pct(wb, 'fmaheavy_pipe_pct')} 和 {pct(tb, 'fmaheavy_pipe_pct')}，发射槽为 {pct(wb, 'issue_slots_pct')} "
+          f"和 {pct(tb, 'issue_slots_pct')}，前向的占用率为 {pct(wf, 'achieved_occupancy_pct')}–"
+          f"{pct(tf, 'achieved_occupancy_pct')}")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+
+
 def triton_host_figures(R):
     """Triton's backward at N = 1024 (performance.md §7): host time per call with and without the call plans
     (triton/host_profile_triton.txt, tools/host_profile.py --triton) and the causal backward through autograd
@@ -1701,7 +1727,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
