@@ -15,6 +15,8 @@ its launch. Prints one line per shape: label, fwd or bwd, dtype, B, H, N, D, the
 window), the median time in ms and TFLOP/s (4·B·H·N²·D, x0.5 causal, x2.5 backward, counting visible scores only, over
 the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``). The backward is the whole of it: its
 preprocess, the one-kernel wgmma_bwd_ws and the dQ store (Triton: the preprocess and the dK/dV and dQ kernels).
+``--backend cuda-wgmma`` or ``cuda-mma`` times that rung's forward and the backward its autograd runs
+(``capabilities.BACKWARD_OF``: wgmma_bwd_ws after wgmma, the mma rung's own after mma).
 With ``--backend triton`` the first call of a shape tunes the kernels (their choice is then cached); the C++ launch
 plans are best left off (``FA_CUDA_LAUNCH_PLANS=0``): the graph then captures the Python launches.
 """
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", default="", help="one window L,R instead of not causal and causal (e.g. 256,256)")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="dropout_p (seed 2**33 + 7, as benchmarks.variants; default: %(default)s, no dropout)")
-    ap.add_argument("--backend", default="cuda-wgmma-ws", choices=("cuda-wgmma-ws", "triton"),
+    ap.add_argument("--backend", default="cuda-wgmma-ws", choices=("cuda-wgmma-ws", "cuda-wgmma", "cuda-mma", "triton"),
                     help="the kernels to time (default: %(default)s)")
     args = ap.parse_args(argv)
     import torch
@@ -56,14 +58,17 @@ def main(argv=None) -> int:
 
         def bwd(q, k, v, o, lse, do, window, scale):
             return launch._backward(q, k, v, o, lse, do, window, scale, dropout_p=drop[0], dropout_seed=drop[1])
-    else:
-        from flash_attention_cuda import launch_specs
+    else:  # the CUDA rung named: its forward, and the backward the library runs after it
+        from flash_attention_cuda import capabilities, launch_specs
+
+        kernel = args.backend.removeprefix("cuda-")
+        bwd_kernel = "wgmma-ws" if kernel == "wgmma-ws" else capabilities.BACKWARD_OF[kernel]  # its autograd's
 
         def fwd(q, k, v, window, scale):
-            return launch_specs.run_forward(q, k, v, window, scale, "wgmma-ws", dropout=drop)
+            return launch_specs.run_forward(q, k, v, window, scale, kernel, dropout=drop)
 
         def bwd(q, k, v, o, lse, do, window, scale):
-            return launch_specs.run_backward(q, k, v, o, lse, do, window, scale, "wgmma-ws", dropout=drop)
+            return launch_specs.run_backward(q, k, v, o, lse, do, window, scale, bwd_kernel, dropout=drop)
 
     tag = f" p={args.dropout:g}" if args.dropout else ""
     masks = [(f"window{args.window}", tuple(map(int, args.window.split(","))))] if args.window else \
