@@ -1104,17 +1104,21 @@ def t_ws_rows_pad_top(R, lang):
 
 
 PHILOX_WIDE = {"cuda-wgmma-ws": "cuda/philox_wide/ab_cuda_dropout.txt",  # tools/ws_forward_ab.py --dropout 0.1,
-               "triton": "triton/philox_wide/ab_triton_dropout.txt"}  # new (05e73cb) and old (abd3e9a) in turn
+               "triton": "triton/philox_wide/ab_triton_dropout.txt",  # new (05e73cb) and old (abd3e9a) in turn
+               "": "cuda/philox_wide/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...: one run each
 
 
 def _philox_wide(R):
-    """{(backend, mode, D, mask): {label: [ms per run]}} from the two A/B records (PHILOX_WIDE)."""
+    """{(backend, mode, D, mask): {label: [ms per run]}} from the A/B records (PHILOX_WIDE); a label with a rung
+    (new_mma) names the backend (cuda-mma) and is new or old."""
     out = {}
     for backend, rel in PHILOX_WIDE.items():
         for line in R.text(rel).splitlines():
             f = line.split()
             if len(f) == 11 and f[1] in ("fwd", "bwd"):
-                out.setdefault((backend, f[1], int(f[6]), f[7]), {}).setdefault(f[0], []).append(float(f[9]))
+                label, _, rung = f[0].partition("_")
+                name = f"cuda-{rung}" if rung else backend
+                out.setdefault((name, f[1], int(f[6]), f[7]), {}).setdefault(label, []).append(float(f[9]))
     return out
 
 
@@ -1347,10 +1351,14 @@ def philox_wide_figures(R):
           f"forward {x('cuda-wgmma-ws', 'fwd')} and backward {x('cuda-wgmma-ws', 'bwd')}")
     zh = (f"Triton 的前向为之前的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}；cuda-wgmma-ws 的前向为 "
           f"{x('cuda-wgmma-ws', 'fwd')}，反向为 {x('cuda-wgmma-ws', 'bwd')}")
+    en_rungs = (f"cuda-wgmma's forward {x('cuda-wgmma', 'fwd')}, cuda-mma's forward {x('cuda-mma', 'fwd')} and its "
+                f"backward {x('cuda-mma', 'bwd')}")
+    zh_rungs = (f"cuda-wgmma 的前向为 {x('cuda-wgmma', 'fwd')}，cuda-mma 的前向为 {x('cuda-mma', 'fwd')}，"
+                f"它的反向为 {x('cuda-mma', 'bwd')}")
     tri_en = f"forward {x('triton', 'fwd')} and backward {x('triton', 'bwd')} as fast as with `tl.rand`"
     tri_zh = f"前向为使用 `tl.rand` 时的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}"
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/backend_triton.md", tri_en),
-            ("docs/zh/backend_triton.md", tri_zh)]
+            ("docs/zh/backend_triton.md", tri_zh), ("docs/performance.md", en_rungs), ("docs/zh/performance.md", zh_rungs)]
 
 
 def gqa_repeat_figures(R):
