@@ -1361,6 +1361,15 @@ def philox_wide_figures(R):
             ("docs/zh/backend_triton.md", tri_zh), ("docs/performance.md", en_rungs), ("docs/zh/performance.md", zh_rungs)]
 
 
+def dropout_cost_figures(R):
+    """algorithm.md's sentence on what the exact keep rule costs: Triton and cuda-wgmma-ws with dropout over SDPA's
+    fastest kernel with dropout, on an H200 (h200-variants/dropout)."""
+    rows = R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]
+    vals = [e["vs_best_alternative"][b] for e in rows for b in ("triton", "cuda-wgmma-ws")]
+    return [("docs/algorithm.md", f"That is why dropout runs at {span(vals, f2, '×')} the speed of SDPA's kernels here"),
+            ("docs/zh/algorithm.md", f"这就是本项目的 dropout 只有 SDPA 内核 {span(vals, f2, '×')} 的原因")]
+
+
 def gqa_repeat_figures(R):
     """The GQA section run again on the H200 (h200-variants/gqa-repeat, commit 05e73cb; the GQA kernels of gqa/)."""
     rows = R.json(f"{H200_VARIANTS}/gqa-repeat/variants.json")["summary"]
@@ -1735,7 +1744,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
