@@ -76,3 +76,43 @@ def test_smem_estimate_bounds_the_compiler(compiled):
         block_d = max(16, 1 << (r["head_dim"] - 1).bit_length())
         est = C.smem_estimate(r["kernel"], BM, BN, stages, block_d, 4 if r["dtype"] == "float32" else 2)
         assert r["shared"] <= 1.5 * est + 4096, (r, est)
+
+
+PHILOX_SCRIPT = r"""
+import json, os, subprocess, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import sass_summary, triton_aot
+import triton
+nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+dis = sass_summary.disassembler(nvdisasm if os.path.exists(nvdisasm) else None)
+if dis is None:
+    print("RESULT null"); sys.exit(0)
+out = {}
+for kernel, config in sass_summary.TRITON_KERNELS:
+    compiled = triton_aot.compile_kernel(kernel, "float16", 64, False, config, 90, "dropout")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
+    evals, muls = sass_summary.philox_counts(sass)
+    out[kernel] = [evals, sum(muls.values())]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_triton_dropout_kernels_issue_18_philox_multiplies_per_evaluation():
+    """flash_attention_triton/philox.py writes each Philox product as one mul.wide.u32: compiled for sm_90, the
+    forward, dQ and dK/dV kernels with dropout issue 18 integer multiplies by the round multipliers per evaluation
+    (tl.rand's umulhi + mul form issues 32), the fewest ten rounds allow (docs/results/triton/philox_sass/)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", PHILOX_SCRIPT, os.path.join(ROOT, "tools")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"compiling the dropout kernels failed:\n{proc.stderr[-4000:]}"
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    if result is None:
+        pytest.skip("no SASS disassembler (cuobjdump or nvdisasm) on this machine")
+    for kernel, (evals, muls) in result.items():
+        assert evals > 0, f"{kernel}: no Philox evaluation found in its SASS"
+        assert muls == 18 * evals, f"{kernel}: {muls / evals:g} multiplies per Philox evaluation, expected 18"
