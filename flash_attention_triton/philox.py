@@ -60,7 +60,7 @@ def philox_uniform(seed, offset):
     # round 1: hi(B*0) = lo(B*0) = 0, so c0 = c1 ^ k0, c1 = 0, c2 = hi(A*c0) ^ k1, c3 = lo(A*c0)
     hi_a, lo_a = _wide(c0, PHILOX_ROUND_A)
     c0 = c1 ^ k0
-    c1 = lo_a * 0  # zero, with the block's shape
+    c1 = tl.zeros_like(lo_a)
     c2 = hi_a ^ k1
     c3 = lo_a
     k0 += PHILOX_KEY_A
