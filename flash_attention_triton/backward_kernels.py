@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .masks import kv_blocks, q_blocks, span_start, two_spans, visible
-from .philox import dropout_keep
+from .philox import dropout_keep, keep_threshold
 from .tiles import _LN2, _LOG2E, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
@@ -80,6 +80,9 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
     offsets' row base of this query head.
     """
     n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_M)
+    keep_T = tl.zeros([], dtype=tl.uint32)
+    if DROPOUT:
+        keep_T = keep_threshold(dropout_p)  # keep <=> tl.rand >= p, as an integer test on Philox's word
     for i in range(0, n):
         rows = span_start(i, n1, lo, lo2, BLOCK_M) + offs_m0
         # load Q_i (Br, D), dO_i (Br, D), lse_i and Delta_i (Br)
@@ -101,7 +104,7 @@ def _dkdv_inner(dk, dv, k, v, Q_ptr, DO_ptr, LSE_ptr, DELTA_ptr, stride_qn, stri
         # dP_ij^T = V_j dO_i^T
         dP_ijT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
         if DROPOUT:  # Z_ij^T, drawn again: the forward's offsets ((b*H + h)*Nq + i)*Nk + j, transposed
-            keep = dropout_keep(dropout_seed, (drop_row0 + rows[None, :]) * Nk + offs_n[:, None], dropout_p)
+            keep = dropout_keep(dropout_seed, (drop_row0 + rows[None, :]) * Nk + offs_n[:, None], keep_T)
             # dV_j += (P_ij * Z_ij / (1 - p))^T dO_i
             dv = tl.dot(keep_scaled(P_ijT, keep, dropout_p).to(do.dtype), do, dv, input_precision=DOT_PREC)
             # dP_ij^T (of the dropped weights) = (V_j dO_i^T) * Z_ij^T / (1 - p)
@@ -185,6 +188,9 @@ def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m
     """Fold the K/V blocks of [lo, hi) and then of [lo2, hi2) (``two_spans``) into dq of one Q block (its query rows
     offs_m); MASKED as in the forward."""
     n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_N)
+    keep_T = tl.zeros([], dtype=tl.uint32)
+    if DROPOUT:
+        keep_T = keep_threshold(dropout_p)  # keep <=> tl.rand >= p, as an integer test on Philox's word
     for i in range(0, n):
         cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n0
         # load K_j, V_j (Bc, D)
@@ -199,7 +205,7 @@ def _dq_inner(dq, q, do, lse2, delta, K_ptr, V_ptr, stride_kn, stride_vn, offs_m
         # dP_ij = dO_i V_j^T
         dP_ij = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         if DROPOUT:  # of the dropped weights: dP_ij * Z_ij / (1 - p), Z_ij drawn again from the seed
-            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], dropout_p)
+            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], keep_T)
             dP_ij = keep_scaled(dP_ij, keep, dropout_p)
         # dS_ij = P_ij * (dP_ij - Delta_i)
         dS_ij = P_ij * (dP_ij - delta[:, None])

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .masks import kv_blocks, span_start, two_spans, visible
-from .philox import dropout_keep
+from .philox import dropout_keep, keep_threshold
 from .tiles import _LN2, head_ptrs, load_rows, load_tile, program_rows, store_rows
 
 
@@ -46,6 +46,9 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
     block sees every key of each block and the blocks lie inside [0, Nk). K_ptr/V_ptr point at key row 0.
     """
     n1, n = two_spans(lo, hi, lo2, hi2, BLOCK_N)
+    keep_T = tl.zeros([], dtype=tl.uint32)
+    if DROPOUT:
+        keep_T = keep_threshold(dropout_p)  # keep <=> tl.rand >= p, as an integer test on Philox's word
     for i in range(0, n):
         cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n
         # load K_j (Bc, D)
@@ -69,7 +72,7 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
         # load V_j (Bc, D)
         v = load_tile(V_ptr + cols[:, None] * stride_vn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if DROPOUT:  # Z_ij: keep where tl.rand(seed, ((b*H + h)*Nq + i)*Nk + j) >= p; 1/(1-p) at the end
-            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], dropout_p)
+            keep = dropout_keep(dropout_seed, drop_rows[:, None] * Nk + cols[None, :], keep_T)
             P_ij = tl.where(keep, P_ij, 0.0)
         # acc = alpha * acc + P_ij V_j   (P_ij rounded to V's dtype for the tensor cores, as in FA2)
         acc = acc * alpha[:, None]

@@ -805,19 +805,19 @@ def test_sass_summary_reads_both_disassemblers():
 
 
 def test_sass_summary_counts_philox_multiplies():
-    """tools/sass_summary.py --philox: one evaluation per FMUL by tl.rand's scale, and only the integer multiplies
-    whose immediate is one of Philox's two round multipliers (as SASS writes them, signed), with their modifiers."""
+    """tools/sass_summary.py --philox: only the integer multiplies whose immediate is one of Philox's two round
+    multipliers (as SASS writes them, signed) count, by multiplier; the evaluations are the B-products / 9."""
     from tools import sass_summary as ss
 
-    sass = ("        /*0000*/                   IMAD.WIDE.U32 R2, R4, -0x2daee0ad, RZ ;\n"
-            "        /*0010*/                   IMAD.HI.U32 R5, R6, -0x326172a9, RZ ;\n"
-            "        /*0020*/               @P0 IMAD R7, R8, -0x326172a9, RZ ;\n"
-            "        /*0030*/                   IMAD.WIDE.U32 R10, R11, 0x4, R12 ;\n"          # an address: not counted
-            "        /*0040*/                   FMUL R13, R13, 4.6566125955216364218e-10 ;\n"
-            "        /*0050*/                   FMUL R14, R14, 0.25 ;\n")
-    evals, muls = ss.philox_counts(sass)
-    assert evals == 1 and muls == {"IMAD.WIDE.U32": 1, "IMAD.HI.U32": 1, "IMAD": 1}
-    assert ss.philox_counts(sass.replace("4.6566125955216364218e-10", "0.5")) == (0, muls)  # no draw, no evaluation
+    one = ("        /*0000*/                   IMAD.WIDE.U32 R2, R4, -0x2daee0ad, RZ ;\n"
+           "        /*0010*/                   IMAD.HI.U32 R5, R6, -0x326172a9, RZ ;\n"
+           "        /*0020*/               @P0 IMAD R7, R8, -0x326172a9, RZ ;\n"
+           "        /*0030*/                   IMAD.WIDE.U32 R10, R11, 0x4, R12 ;\n"          # an address: not counted
+           "        /*0040*/                   FMUL R13, R13, 4.6566125955216364218e-10 ;\n")
+    evals, muls = ss.philox_counts(one)
+    assert evals == 2 / 9 and muls == {"A": 1, "B": 2}
+    b_rounds = "        /*0050*/                   IMAD.WIDE.U32 R2, R4, -0x326172a9, RZ ;\n" * 9
+    assert ss.philox_counts(b_rounds * 3) == (3, {"B": 27})
     assert [int(m, 16) % 2**32 for m in ss.PHILOX_MULTIPLIERS] == [0xD2511F53, 0xCD9E8D57]
 
 

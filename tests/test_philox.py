@@ -72,6 +72,19 @@ try:
         inside = idx < n
         offset = tl.load(offsets_ptr + idx, mask=inside, other=0)  # int64
         tl.store(u_ptr + idx, triton_philox.philox_uniform(seed, offset), mask=inside)
+
+    @triton.jit
+    def _threshold_kernel(t_ptr, p_ptr):
+        pid = tl.program_id(0)
+        tl.store(t_ptr + pid, triton_philox.keep_threshold(tl.load(p_ptr + pid)).to(tl.int64))
+
+    @triton.jit
+    def _keep_kernel(keep_ptr, offsets_ptr, seed, dropout_p, n, BLOCK: tl.constexpr):
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = idx < n
+        offset = tl.load(offsets_ptr + idx, mask=inside, other=0)  # int64
+        keep = triton_philox.dropout_keep(seed, offset, triton_philox.keep_threshold(dropout_p))
+        tl.store(keep_ptr + idx, keep.to(tl.int8), mask=inside)
 except ImportError:
     triton = None
 
@@ -111,6 +124,32 @@ def test_triton_kernels_philox_matches_tl_rand_bit_for_bit():
 
 
 @needs_triton
+def test_triton_dropout_keep_matches_tl_rand():
+    """The kernels' dropout_keep (the integer test on Philox's word) = tl.rand >= p, p at the test's edges too."""
+    offsets = _offsets()
+    off_t = torch.from_numpy(offsets).to(DEVICE)
+    seed = 2**33 + 99
+    u = philox.philox_uniform(seed, offsets)
+    for p in [0.0, 0.17, 0.5, 0.999, float(np.sort(u)[len(u) // 3]), float(np.nextafter(np.sort(u)[len(u) // 2], 1))]:
+        keep = torch.empty(len(offsets), dtype=torch.int8, device=DEVICE)
+        _keep_kernel[(triton.cdiv(len(offsets), 1024),)](keep, off_t, seed, p, len(offsets), BLOCK=1024)
+        assert np.array_equal(keep.cpu().numpy().astype(bool), u >= np.float32(p)), p
+
+
+@needs_triton
+def test_triton_keep_threshold_is_the_first_kept_fold():
+    """keep_threshold(p) in the Triton kernels: the smallest fold whose uniform is >= p (as fa::keep_test)."""
+    p = _probabilities()[::4].copy()
+    T = torch.empty(len(p), dtype=torch.int64, device=DEVICE)
+    _threshold_kernel[(len(p),)](T, torch.from_numpy(p).to(DEVICE))
+    T = T.cpu().numpy()
+    assert ((T >= 0) & (T < 2**31)).all()
+    assert (philox.uint32_to_uniform(T.astype(np.uint32)) >= p).all()
+    below = T > 0
+    assert (philox.uint32_to_uniform((T[below] - 1).astype(np.uint32)) < p[below]).all()
+
+
+@needs_triton
 def test_uniform_map_matches_triton_on_extreme_words():
     words_t = torch.from_numpy(WORDS.view(np.int32).copy()).to(DEVICE)
     u_triton = torch.empty(len(WORDS), dtype=torch.float32, device=DEVICE)
@@ -141,6 +180,8 @@ HOST_DRIVER = r"""
 //   r SEED               int64 offsets  -> float32 fa::philox_uniform
 //   u                    uint32 words   -> float32 fa::uint32_to_uniform
 //   k SEED P B H HQ NQ NK               -> uint8 fa::dropout_keep for i < NQ, j < NK (row major)
+//   t                    float32 p's    -> uint32 fa::keep_test(p).T
+//   x SEED P             int64 offsets  -> uint8 fa::keep_test(P).keeps(fa::philox_word(...)) (the kernels' test)
 #define __device__
 #define __forceinline__ inline
 static inline unsigned __umulhi(unsigned a, unsigned b) {
@@ -166,6 +207,19 @@ int main(int argc, char** argv) {
             const float u = fa::uint32_to_uniform(word);
             std::fwrite(&u, sizeof u, 1, stdout);
         }
+    } else if (mode == 't' && argc == 2) {
+        float p;
+        while (std::fread(&p, sizeof p, 1, stdin) == 1) {
+            const unsigned T = fa::keep_test(p).T;
+            std::fwrite(&T, sizeof T, 1, stdout);
+        }
+    } else if (mode == 'x' && argc == 4) {
+        const unsigned long long seed = std::strtoull(argv[2], nullptr, 10);
+        const fa::KeepTest keep = fa::keep_test(std::strtof(argv[3], nullptr));
+        long long offset;
+        while (std::fread(&offset, sizeof offset, 1, stdin) == 1)
+            std::fputc(keep.keeps(fa::philox_word(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32),
+                                                  offset)) ? 1 : 0, stdout);
     } else if (mode == 'k' && argc == 9) {
         const unsigned long long seed = std::strtoull(argv[2], nullptr, 10);
         const float p = std::strtof(argv[3], nullptr);
@@ -217,6 +271,42 @@ def test_cuda_header_on_host_matches_numpy(host_philox):
     got = np.frombuffer(host_philox("k", seed, repr(float(np.float32(p))), b, h, Hq, Nq, Nk), dtype=np.uint8)
     assert np.array_equal(got.reshape(Nq, Nk).astype(bool), philox.keep_mask(seed, p, b, h, np.arange(Nq),
                                                                               np.arange(Nk), Hq, Nq, Nk))
+
+
+def _probabilities():
+    """float32 p's for the keep test: the ends, every uniform value's edges (a word's own uniform and the float32
+    next to it on each side), and random ones."""
+    rng = np.random.default_rng()
+    words = np.concatenate([WORDS, rng.integers(0, 2**32, 300, dtype=np.uint64).astype(np.uint32)])
+    u = philox.uint32_to_uniform(words)
+    edges = np.concatenate([u, np.nextafter(u, np.float32(0)), np.nextafter(u, np.float32(1))])
+    ends = np.array([0.0, 1e-45, 1e-10, 2.0**-32, 0.17, 0.5, 0.999, 1 - 2.0**-24], dtype=np.float32)
+    p = np.concatenate([ends, edges.astype(np.float32), rng.random(200).astype(np.float32)])
+    return p[(p >= 0) & (p < 1)]
+
+
+def test_keep_test_threshold_is_the_first_kept_fold(host_philox):
+    """fa::keep_test(p).T is the smallest fold with uniform >= p: the kernels' integer keep test
+    (T <= word <= ~T) is uniform(word) >= p for every word."""
+    p = _probabilities()
+    T = np.frombuffer(host_philox("t", data=p.tobytes()), dtype=np.uint32).astype(np.int64)
+    assert (T < 2**31).all()
+    assert (philox.uint32_to_uniform(T.astype(np.uint32)) >= p).all()
+    below = T > 0
+    assert (philox.uint32_to_uniform((T[below] - 1).astype(np.uint32)) < p[below]).all()
+    for t, pp in zip(T[::25], p[::25]):  # the word form, on every test word
+        t = np.uint32(t)
+        keeps = (WORDS - t) <= (~t - t)  # uint32, mod 2**32
+        assert np.array_equal(keeps, philox.uint32_to_uniform(WORDS) >= pp), f"p = {pp!r}"
+
+
+@pytest.mark.parametrize("p", [0.0, 0.17, 0.5, 0.999])
+def test_kernels_keep_test_on_host_matches_numpy(host_philox, p):
+    """KeepTest on philox_word (what every CUDA kernel runs) = philox_uniform >= p, offsets around 2**32."""
+    offsets = _offsets()
+    for seed in SEEDS[1:3]:
+        got = np.frombuffer(host_philox("x", seed, repr(float(np.float32(p))), data=offsets.tobytes()), dtype=np.uint8)
+        assert np.array_equal(got.astype(bool), philox.philox_uniform(seed, offsets) >= np.float32(p))
 
 
 # ---------------------------------------------------------------------------------------------------- (c)
@@ -282,6 +372,93 @@ def test_cuda_header_on_gpu_matches_numpy():
                                                                           *map(np.int32, (b, h, Hq, Nq, Nk))))
     assert np.array_equal(cupy.asnumpy(keep).astype(bool),
                           philox.keep_mask(seed, 0.17, b, h, np.arange(Nq), np.arange(Nk), Hq, Nq, Nk))
+
+
+# One warp's DropoutTile (fragments.cuh): the Philox work its scores share, against Dropout::scale score by score,
+# and dropout_rows (the forwards') on a tile of ones, both layouts; the tile is NT = 4 accumulator tiles wide.
+TILE_PROBE = r"""
+template <bool KEY_ROWS>
+__global__ void dropout_tile_probe(float* z_tile, float* z_each, float* rows, int* shared, long long bh, int Nq,
+                                   int Nk, int row0, int col0, unsigned long long seed, float p) {
+    constexpr int NT = 4;
+    const int lane = threadIdx.x;
+    const frag::Dropout dp = frag::make_dropout(p, static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32), bh,
+                                                Nq, Nk);
+    const frag::DropoutTile<KEY_ROWS, NT> tile(dp, row0, col0);
+    float P[NT][4];
+    for (int n = 0; n < NT; ++n)
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + frag::acc_row(e), c = col0 + frag::acc_col(n, e), at = (lane * NT + n) * 4 + e;
+            z_tile[at] = tile.shared ? dp.scale(tile.high, tile.a_lo(n, e)) : -1.0f;
+            z_each[at] = KEY_ROWS ? dp.scale(c, r) : dp.scale(r, c);
+            P[n][e] = 1.0f;
+        }
+    if (!KEY_ROWS) {
+        frag::dropout_rows(P, dp, row0, col0);
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) rows[(lane * NT + n) * 4 + e] = P[n][e];
+    }
+    shared[lane] = tile.shared;
+}
+"""
+TILE_NAMES = ["dropout_tile_probe<false>", "dropout_tile_probe<true>"]
+
+
+def _tile_probe_source():
+    from flash_attention_cuda.runtime import read_source
+    return read_source("fragments.cuh") + TILE_PROBE
+
+
+def test_nvcc_compiles_dropout_tile_probe(tmp_path):
+    if NVCC is None:
+        pytest.skip("nvcc not found (set NVCC or put it on PATH)")
+    src = tmp_path / "tile_probe.cu"
+    src.write_text(_tile_probe_source() + "".join(
+        f"template __global__ void {n[:n.index('<')]}<{n[n.index('<') + 1:-1]}>(float*, float*, float*, int*, "
+        "long long, int, int, int, int, unsigned long long, float);\n" for n in TILE_NAMES))
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "tile_probe.cubin"), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}{res.stderr}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key_rows", [False, True])
+def test_dropout_tile_shares_philox_exactly(key_rows):
+    """Tiles around offset 2**32 (some threads' offsets straddle it: they take the score-by-score path), far past
+    it and near 0: every kept or dropped score is philox_uniform's, the shared form's included."""
+    cupy = pytest.importorskip("cupy")
+    if not cupy.cuda.is_available():
+        pytest.skip("no CUDA GPU: cupy.cuda.is_available() is False")
+    module = cupy.RawModule(code=_tile_probe_source(), options=("--std=c++17",), name_expressions=TILE_NAMES)
+    kernel = module.get_function(TILE_NAMES[key_rows])
+    NT, Nq, Nk, seed = 4, 1000, 1000, 2**33 + 99
+    lane, n, e = np.meshgrid(np.arange(32), np.arange(NT), np.arange(4), indexing="ij")
+    straddled = 0
+    # bh = 4294: offset 2**32 is (i, j) = (967, 296); tiles across it, one far past 2**32, one near 0
+    for bh, row0, col0, p in [(4294, 964, 288, 0.17), (4294, 960, 280, 0.5), (4294, 288, 964, 0.5),
+                              (4294, 966, 290, 0.999), (123456, 16, 40, 0.17), (3, 0, 0, 0.5)]:
+        r0, c0 = (col0, row0) if key_rows else (row0, col0)  # the call's rows/cols
+        out = [cupy.full(32 * NT * 4, np.nan, dtype=cupy.float32) for _ in range(3)]
+        shared = cupy.zeros(32, dtype=cupy.int32)
+        kernel((1,), (32,), (*out, shared, np.int64(bh), np.int32(Nq), np.int32(Nk), np.int32(r0), np.int32(c0),
+                             np.uint64(seed), np.float32(p)))
+        z_tile, z_each, rows = (cupy.asnumpy(x).reshape(32, NT, 4) for x in out)
+        shared = cupy.asnumpy(shared).astype(bool)
+        r = r0 + lane // 4 + 8 * (e >> 1)
+        c = c0 + 8 * n + 2 * (lane % 4) + (e & 1)
+        i, j = (c, r) if key_rows else (r, c)
+        offsets = ((bh * Nq + i) * Nk + j).astype(np.int64)
+        inv = np.float32(1) / (np.float32(1) - np.float32(p))
+        want = np.where(philox.philox_uniform(seed, offsets) >= np.float32(p), inv, np.float32(0))
+        assert np.array_equal(z_each, want), (bh, row0, col0)
+        first, last = offsets[:, 0, 0], offsets[:, NT - 1, 3]  # each thread's smallest and largest offset
+        assert np.array_equal(shared, (first >> 32) == (last >> 32))
+        assert np.array_equal(z_tile[shared], want[shared]), (bh, row0, col0)
+        assert (z_tile[~shared] == -1).all()
+        if not key_rows:
+            assert np.array_equal(rows, want), (bh, row0, col0)
+        straddled += (~shared).sum()
+    assert straddled > 0  # the score-by-score path ran
 
 
 # ---------------------------------------------------------------------------------------------------- (d)

@@ -74,22 +74,26 @@ def count_ops(text: str) -> collections.Counter:
     return collections.Counter(_INSTRUCTION.findall(text))
 
 
-# Philox4x32-10's round multipliers as SASS writes them (signed 32-bit immediates: 0xD2511F53, 0xCD9E8D57), and
-# tl.rand's uint32 -> [0, 1) scale 0x1.fffffep-32 (philox.cuh: uint32_to_uniform), multiplied once per evaluation
+# Philox4x32-10's round multipliers as SASS writes them (signed 32-bit immediates: 0xD2511F53 = A, 0xCD9E8D57 = B)
 PHILOX_MULTIPLIERS = ("-0x2daee0ad", "-0x326172a9")
-PHILOX_SCALE = "4.6566125955216364218e-10"
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s+([^;]*);")
 
 
 def philox_counts(text: str):
-    """(Philox evaluations, {IMAD opcode with its modifiers: how many multiply by a round multiplier}) in ``text``."""
-    evals, muls = 0, collections.Counter()
+    """(Philox evaluations, {"A" or "B": how many IMADs multiply by that round multiplier}) in ``text``.
+
+    Every evaluation multiplies by B in rounds 2 to 10, whichever form it takes: the evaluations are the
+    B-products / 9. The A-products per evaluation are 9 (round 1's A * lo and round 2's A * c0 its own, rounds 3
+    to 9) or 7 where a block shares round 2's and forms round 1's with an add (philox.cuh, DropoutTile), plus the
+    few a block shares."""
+    muls = collections.Counter()
     for op, operands in _OPCODE.findall(text):
-        if op == "FMUL" and PHILOX_SCALE in operands:
-            evals += 1
-        elif op.startswith("IMAD") and any(m in operands.split(", ") for m in PHILOX_MULTIPLIERS):
-            muls[op] += 1
-    return evals, muls
+        if op.startswith("IMAD"):
+            args = operands.split(", ")
+            for name, m in zip("AB", PHILOX_MULTIPLIERS):
+                if m in args:
+                    muls[name] += 1
+    return muls["B"] / 9, muls
 
 
 def disassembler(nvdisasm=None):
@@ -112,9 +116,9 @@ def report(name, usage, text, philox, dump=None):
     print(f"  {name}: {usage}\n    " + ", ".join(f"{k} {ops[k]}" for k in OPS if ops[k]) + f"; total {sum(ops.values())}")
     evals, muls = philox_counts(text) if philox else (0, {})
     if evals:
-        per = {op: n / evals for op, n in sorted(muls.items())}
-        print(f"    Philox: {evals} evaluations; per evaluation " + ", ".join(f"{op} {v:g}" for op, v in per.items())
-              + f": {sum(per.values()):g} multiplies by the round multipliers")
+        per = {m: n / evals for m, n in sorted(muls.items())}
+        print(f"    Philox: {evals:g} evaluations (B-products / 9); per evaluation " +
+              ", ".join(f"{m} {v:.3g}" for m, v in per.items()) + f": {sum(per.values()):.3g} multiplies")
     if dump:
         os.makedirs(dump, exist_ok=True)
         with open(os.path.join(dump, f"{name}.sass"), "w") as f:

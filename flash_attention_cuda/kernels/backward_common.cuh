@@ -15,6 +15,7 @@ namespace bwd {
 using frag::acc_col;
 using frag::acc_row;
 using frag::Dropout;
+using frag::DropoutTile;
 using ptx::fast_exp2;
 
 // lse (natural log) -> log2 units; a row that saw no key (lse = -inf) gets +inf, so its P = exp2(-inf) = 0;
@@ -195,13 +196,35 @@ __device__ __forceinline__ void ds_tile(float (&dS_ij)[NT][4], const float (&P_i
     if (tile_needs_mask<KEY_ROWS, NT>(mask, row0, col0)) zero_hidden<KEY_ROWS, false>(dS_ij, dS_ij, mask, row0, col0);
 }
 
+// Both halves, with dropout, score by score: Z_ij / (1 - p) from the tile's shared Philox work (SHARED: the
+// thread's offsets have one high word, DropoutTile) or from Dropout::scale(i, j), and the mask test pair by pair
+// beside it (a second pass made ptxas spill, hundreds of bytes a thread in wgmma_bwd_ws).
+template <bool KEY_ROWS, bool SHARED, int NT>
+__device__ __forceinline__ void p_and_ds_dropout(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
+                                                 const float* delta, float scale_log2, const fa::Mask& mask, int row0,
+                                                 int col0, const Dropout& drop, const DropoutTile<KEY_ROWS, NT>& tile,
+                                                 bool check) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
+            const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e]: S_ij here
+            float z;                                                               // Z_ij / (1 - p)
+            if constexpr (SHARED) z = drop.scale(tile.high, tile.a_lo(n, e));
+            else z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);
+            const float dS = P * (dS_ij[n][e] * z - delta[slot]);                // dS_ij[n][e]: dP_ij here
+            const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
+            P_ij[n][e] = hidden ? 0.0f : P * z;
+            dS_ij[n][e] = hidden ? 0.0f : dS;
+        }
+}
+
 // Both halves at once. Without dropout the arithmetic runs on every pair, P_ij first and dS_ij from it, and a
 // block that needs the mask then zeroes the hidden pairs of both in one pass (a hidden P_ij is not zeroed before
 // dS_ij is formed from it: the pass overwrites both, and every visible pair reads the same P_ij either way).
 // block_may_mask: false when the caller knows that its whole tile needs no mask (masks.cuh's needs_mask over the
 // block's tile, the same for every warp), so that the warp's own test is not evaluated at all.
-// DROPOUT: the test stays pair by pair, beside the keep mask's Philox draw (a second pass there made ptxas spill,
-// hundreds of bytes a thread in wgmma_bwd_ws).
 template <bool KEY_ROWS, bool DROPOUT, int NT>
 __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT][4], const float* lse2,
                                          const float* delta, float scale_log2, const fa::Mask& mask, int row0,
@@ -220,18 +243,11 @@ __device__ __forceinline__ void p_and_ds(float (&P_ij)[NT][4], float (&dS_ij)[NT
             }
         if (check) zero_hidden<KEY_ROWS, true>(P_ij, dS_ij, mask, row0, col0);
     } else {
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = row0 + acc_row(e), c = col0 + acc_col(n, e), slot = KEY_ROWS ? acc_col(n, e) : e >> 1;
-                const float P = fast_exp2(fmaf(P_ij[n][e], scale_log2, -lse2[slot]));  // P_ij[n][e]: S_ij here
-                const float z = KEY_ROWS ? drop.scale(c, r) : drop.scale(r, c);    // Z_ij / (1 - p)
-                const float dS = P * (dS_ij[n][e] * z - delta[slot]);                // dS_ij[n][e]: dP_ij here
-                const bool hidden = check && !(KEY_ROWS ? mask.visible(c, r) : mask.visible(r, c));
-                P_ij[n][e] = hidden ? 0.0f : P * z;
-                dS_ij[n][e] = hidden ? 0.0f : dS;
-            }
+        const DropoutTile<KEY_ROWS, NT> tile(drop, row0, col0);
+        if (tile.shared)
+            p_and_ds_dropout<KEY_ROWS, true>(P_ij, dS_ij, lse2, delta, scale_log2, mask, row0, col0, drop, tile, check);
+        else
+            p_and_ds_dropout<KEY_ROWS, false>(P_ij, dS_ij, lse2, delta, scale_log2, mask, row0, col0, drop, tile, check);
     }
 }
 

@@ -465,28 +465,79 @@ __device__ __forceinline__ void store_staged(unsigned short* __restrict__ out, i
 namespace frag {
 
 struct Dropout {
-    float p, inv_keep;  // the drop probability (float32, as the keep test compares it) and 1 / (1 - p)
+    fa::KeepTest keep;  // keep <=> uniform >= p, decided on the Philox word in integers (philox.cuh)
+    float inv_keep;     // 1 / (1 - p)
     unsigned seed_lo, seed_hi;
     long long bh;       // b * Hq + h: the query head's grid row
     int Nq, Nk;
     // Z_ij / (1 - p) of score (i, j) of this head: 1 / (1 - p) if kept, else 0
     __device__ __forceinline__ float scale(int i, int j) const {
-        return fa::dropout_keep(seed_lo, seed_hi, fa::dropout_offset(bh, i, j, Nq, Nk), p) ? inv_keep : 0.0f;
+        return keep.keeps(fa::philox_word(seed_lo, seed_hi, fa::dropout_offset(bh, i, j, Nq, Nk))) ? inv_keep : 0.0f;
+    }
+    // the same from round 1's product A * lo and the high word's share (DropoutTile)
+    __device__ __forceinline__ float scale(fa::PhiloxHigh high, unsigned long long a_lo) const {
+        return keep.keeps(fa::philox_finish(seed_lo, seed_hi, high, a_lo)) ? inv_keep : 0.0f;
     }
 };
 __device__ __forceinline__ Dropout make_dropout(float p, unsigned seed_lo, unsigned seed_hi, long long bh, int Nq,
                                                 int Nk) {
-    return Dropout{p, 1.0f / (1.0f - p), seed_lo, seed_hi, bh, Nq, Nk};
+    return Dropout{fa::keep_test(p), 1.0f / (1.0f - p), seed_lo, seed_hi, bh, Nq, Nk};
 }
+
+// One thread's Philox work on a 16 x 8NT accumulator tile (rows row0 + acc_row(e), columns col0 + acc_col(n, e)),
+// shared between its scores. The tile's rows are queries and its columns keys, or with KEY_ROWS the other way
+// round (the backward's S_ij^T). When all of the thread's offsets have one high word (`shared`: every tile but
+// the few that straddle a multiple of 2^32), philox_high runs once for all of them, and round 1's A * lo is the
+// product at the thread's first offset plus A times the distance to it, a 64-bit add:
+//     offset - first = (e >> 1) 8 Nk + 8n + (e & 1)           (rows are queries)
+//                    = (8n + (e & 1)) Nk + (e >> 1) 8          (KEY_ROWS)
+// Without `shared` a tile takes Dropout::scale(i, j), score by score.
+template <bool KEY_ROWS, int NT>
+struct DropoutTile {
+    bool shared;
+    fa::PhiloxHigh high;
+    unsigned long long a_first;  // A * lo of the thread's first offset (rows acc_row(0), column acc_col(0, 0))
+    unsigned long long a_nk;     // A * Nk (mod 2^64: the sums are exact, as A * lo < 2^64)
+
+    __device__ __forceinline__ DropoutTile(const Dropout& dp, int row0, int col0) {
+        const int r = row0 + acc_row(0), c = col0 + acc_col(0, 0);  // the first score; the last is 8 rows and
+        const int r_last = r + 8, c_last = c + 8 * (NT - 1) + 1;     // 8 (NT - 1) + 1 columns further
+        const long long first = KEY_ROWS ? fa::dropout_offset(dp.bh, c, r, dp.Nq, dp.Nk)
+                                         : fa::dropout_offset(dp.bh, r, c, dp.Nq, dp.Nk);
+        const long long last = KEY_ROWS ? fa::dropout_offset(dp.bh, c_last, r_last, dp.Nq, dp.Nk)
+                                        : fa::dropout_offset(dp.bh, r_last, c_last, dp.Nq, dp.Nk);
+        const unsigned hi_word = static_cast<unsigned>(static_cast<unsigned long long>(first) >> 32);
+        shared = hi_word == static_cast<unsigned>(static_cast<unsigned long long>(last) >> 32);
+        high = fa::philox_high(dp.seed_lo, dp.seed_hi, hi_word);
+        a_first = static_cast<unsigned long long>(fa::PHILOX_ROUND_A) * static_cast<unsigned>(first);
+        a_nk = static_cast<unsigned long long>(fa::PHILOX_ROUND_A) * static_cast<unsigned>(dp.Nk);
+    }
+    // A * lo of element (n, e), when `shared`
+    __device__ __forceinline__ unsigned long long a_lo(int n, int e) const {
+        constexpr unsigned long long A = fa::PHILOX_ROUND_A;
+        if constexpr (KEY_ROWS)
+            return a_first + static_cast<unsigned long long>(8 * n + (e & 1)) * a_nk + (e >> 1) * 8 * A;
+        else
+            return a_first + ((e >> 1) ? 8 * a_nk : 0ull) + static_cast<unsigned long long>(8 * n + (e & 1)) * A;
+    }
+};
 
 // P_ij *= Z_ij / (1 - p) on the warp's 16 x 8NT accumulator of rows row0 .. row0 + 15, keys col0 .. col0 + 8NT - 1
 // (after the online softmax: l_i and lse are those of P before dropout)
 template <int NT>
 __device__ __forceinline__ void dropout_rows(float (&P)[NT][4], const Dropout& dp, int row0, int col0) {
+    const DropoutTile<false, NT> tile(dp, row0, col0);
+    if (tile.shared) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) P[n][e] *= dp.scale(row0 + acc_row(e), col0 + acc_col(n, e));
+            for (int e = 0; e < 4; ++e) P[n][e] *= dp.scale(tile.high, tile.a_lo(n, e));
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) P[n][e] *= dp.scale(row0 + acc_row(e), col0 + acc_col(n, e));
+    }
 }
 
 }  // namespace frag
