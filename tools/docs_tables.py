@@ -1108,11 +1108,11 @@ PHILOX_WIDE = {"cuda-wgmma-ws": "cuda/philox_wide/ab_cuda_dropout.txt",  # tools
                "": "cuda/philox_wide/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...: one run each
 
 
-def _philox_wide(R):
-    """{(backend, mode, D, mask): {label: [ms per run]}} from the A/B records (PHILOX_WIDE); a label with a rung
-    (new_mma) names the backend (cuda-mma) and is new or old."""
+def _philox_wide(R, records=PHILOX_WIDE):
+    """{(backend, mode, D, mask): {label: [ms per run]}} from the A/B records (PHILOX_WIDE, or PHILOX_SHARED); a label
+    with a rung (new_mma) names the backend (cuda-mma) and is new or old."""
     out = {}
-    for backend, rel in PHILOX_WIDE.items():
+    for backend, rel in records.items():
         for line in R.text(rel).splitlines():
             f = line.split()
             if len(f) == 11 and f[1] in ("fwd", "bwd"):
@@ -1137,8 +1137,29 @@ def t_philox_wide(R, lang):
     return table(header, out, right={4, 5, 6})
 
 
+PHILOX_SHARED = {"cuda-wgmma-ws": "cuda/philox_shared/ab_cuda_dropout.txt",  # new (c083af2) and old (2771f5a) in turn
+                 "triton": "triton/philox_keep_test/ab_triton_dropout.txt",
+                 "": "cuda/philox_shared/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...: one run each
+
+
+def t_philox_shared(R, lang):
+    """Dropout's keep test in integers and, in the CUDA kernels, round 2's product shared by a tile (new, c083af2)
+    against the kernels before (old, 2771f5a): the median time of each checkout's runs and old over new
+    (PHILOX_SHARED), fp16, p = 0.1, N = 4096."""
+    out = []
+    for (backend, mode, D, mask), runs in _philox_wide(R, PHILOX_SHARED).items():
+        old, new = (statistics.median(runs[k]) for k in ("old", "new"))
+        shape = "B4 H32" if D == 64 else "B4 H16"
+        out.append([backend, mode, f"{shape} D{D}", H(lang, "causal", "因果") if mask == "causal" else
+                    H(lang, "not causal", "非因果"), f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
+    header = [H(lang, "kernels", "内核"), H(lang, "mode", "模式"), H(lang, "shape", "形状"), H(lang, "mask", "掩码"),
+              H(lang, "before (ms)", "之前（ms）"), H(lang, "now (ms)", "现在（ms）"), H(lang, "speed-up", "加速")]
+    return table(header, out, right={4, 5, 6})
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
+    "philox-shared": t_philox_shared,
     "hdim256": t_hdim256,
     "ws-rows-pad-top": t_ws_rows_pad_top,
     "cpu-memory": t_cpu_memory,
@@ -1318,22 +1339,29 @@ def _philox_counts(R, cuda_rel, triton_rel):
     rows = [line.split(" | ") for line in R.text(cuda_rel).splitlines() if not line.startswith("#")]
     fwd = [float(r[4]) for r in rows if "_bwd_" not in r[1]]
     bwd = [float(r[4]) for r in rows if "_bwd_" in r[1]]
-    tri = [float(x) for x in re.findall(r": ([\d.]+) multiplies by the round", R.text(triton_rel))]
+    tri = [float(x) for x in re.findall(r": ([\d.]+) multiplies", R.text(triton_rel))]
     return fwd, bwd, tri
 
 
 def philox_sass_figures(R):
     """Integer multiplies by Philox's round multipliers per evaluation in the SASS of the kernels with dropout, now
-    (PHILOX_SASS, PHILOX_SASS_TRITON) and with each product as two multiplies (the *_BEFORE records)."""
+    (PHILOX_SASS, PHILOX_SASS_TRITON: the CUDA SASS holds each evaluation in a tile's shared form, 16, and in the
+    score-by-score fallback, 18) and with each product as two multiplies (the *_BEFORE records)."""
     fwd, bwd, tri = _philox_counts(R, PHILOX_SASS, PHILOX_SASS_TRITON)
     fwd0, bwd0, tri0 = _philox_counts(R, PHILOX_SASS_BEFORE, PHILOX_SASS_TRITON_BEFORE)
     g = lambda x: f"{x:.0f}"  # noqa: E731
-    en = (f"every CUDA kernel with dropout ({len(fwd)} forward and {len(bwd)} backward instantiations) issues "
-          f"{span(fwd + bwd, g)} integer multiplies by the round multipliers per Philox evaluation, and Triton's forward, "
-          f"dQ and dK/dV kernels {span(tri, g)}; with each product written as a high and a low multiply, the forwards "
+    g1 = lambda x: f"{x:.1f}"  # noqa: E731
+    cuda = fwd + bwd
+    low, high = [v for v in cuda if v < 17.5], [v for v in cuda if v >= 17.5]
+    en = (f"the SASS of every CUDA kernel with dropout ({len(fwd)} forward and {len(bwd)} backward instantiations) "
+          f"holds each evaluation twice, in a tile's shared form (16 integer multiplies by the round multipliers) and "
+          f"in the score-by-score fallback (18): {len(low)} of them read {span(low, g1)} an evaluation on average, "
+          f"{len(high)} read {span(high, g1)} (the kernels whose tiles hold S_ij^T, below); Triton's forward, dQ and "
+          f"dK/dV kernels issue {span(tri, g)}; with each product written as a high and a low multiply, the forwards "
           f"issued {span(fwd0, g)}, the backwards {span(bwd0, g)} and Triton's kernels {span(tri0, g)}")
-    zh = (f"每个带 dropout 的 CUDA 内核（前向 {len(fwd)} 个、反向 {len(bwd)} 个实例）每次 Philox 求值发出 "
-          f"{span(fwd + bwd, g)} 条乘以轮乘数的整数乘法，Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条；"
+    zh = (f"每个带 dropout 的 CUDA 内核（前向 {len(fwd)} 个、反向 {len(bwd)} 个实例）的 SASS 都把每次求值写了两遍：一块共享的形式"
+          f"（16 条乘以轮乘数的整数乘法）和逐个分数的回退形式（18 条）：其中 {len(low)} 个平均每次求值为 {span(low, g1)} 条，"
+          f"{len(high)} 个为 {span(high, g1)} 条（块中放 S_ij^T 的内核，见下）；Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条；"
           f"每个乘积写成一条高位乘法加一条低位乘法时，前向为 {span(fwd0, g)} 条，反向为 {span(bwd0, g)} 条，"
           f"Triton 的内核为 {span(tri0, g)} 条")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
@@ -1359,6 +1387,23 @@ def philox_wide_figures(R):
     tri_zh = f"前向为使用 `tl.rand` 时的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}"
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/backend_triton.md", tri_en),
             ("docs/zh/backend_triton.md", tri_zh), ("docs/performance.md", en_rungs), ("docs/zh/performance.md", zh_rungs)]
+
+
+def philox_shared_figures(R):
+    """The A/B of the integer keep test and the shared round-2 product (PHILOX_SHARED) in prose: old over new."""
+    ab = _philox_wide(R, PHILOX_SHARED)
+
+    def x(backend, mode):
+        return span([statistics.median(v["old"]) / statistics.median(v["new"]) for k, v in ab.items()
+                     if k[:2] == (backend, mode)], lambda r: f"{r:.3f}", "×")
+
+    en = (f"cuda-wgmma-ws's forward {x('cuda-wgmma-ws', 'fwd')} and backward {x('cuda-wgmma-ws', 'bwd')} as fast as "
+          f"before, cuda-wgmma's forward {x('cuda-wgmma', 'fwd')}, cuda-mma's {x('cuda-mma', 'fwd')}; Triton's forward "
+          f"{x('triton', 'fwd')} and backward {x('triton', 'bwd')}")
+    zh = (f"cuda-wgmma-ws 的前向为之前的 {x('cuda-wgmma-ws', 'fwd')}，反向为 {x('cuda-wgmma-ws', 'bwd')}；cuda-wgmma 的前向为 "
+          f"{x('cuda-wgmma', 'fwd')}，cuda-mma 的前向为 {x('cuda-mma', 'fwd')}；Triton 的前向为 {x('triton', 'fwd')}，"
+          f"反向为 {x('triton', 'bwd')}")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
 
 
 def dropout_cost_figures(R):
@@ -1744,7 +1789,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),

@@ -16,10 +16,12 @@ with nvcc alone gets nvdisasm from PyPI without installing anything,
 ``--dump DIR`` also writes each kernel's SASS to DIR, one file per kernel, to read the instructions in order.
 
 ``--philox`` adds, for each kernel that draws dropout's random numbers (philox.cuh), how many Philox4x32-10
-evaluations its SASS holds (one FMUL by tl.rand's scale 0x1.fffffep-32 each) and the integer multiplies by the two
-round multipliers per evaluation (IMAD.WIDE.U32: both halves of a product; IMAD.HI.U32: the high half; IMAD: the low
-half). Ten rounds with the counter's upper words 0 need 18, a product counted once whether one half or both are
-used: A c0 in round 1 (B c2 = 0), both products in rounds 2 to 9, B c2 in round 10 (only c0 is kept).
+evaluations its SASS holds (its integer multiplies by the round multiplier B over 9: every evaluation multiplies by
+B in rounds 2 to 10) and the integer multiplies (IMAD in any form) by each of the two round multipliers A and B per
+evaluation. Ten rounds with the counter's upper words 0 need 18, a product counted once whether one half or both
+are used: A c0 in round 1 (B c2 = 0), both products in rounds 2 to 9, B c2 in round 10 (only c0 is kept); a tile
+whose offsets share their high word takes round 2's A c0 once and round 1's as an add (fragments.cuh,
+DropoutTile): 16, with the score-by-score 18 beside it in the SASS for the tiles that straddle 2**32.
 
     python3 tools/sass_summary.py --source wgmma_ws.cu --philox --nvdisasm PATH
 
