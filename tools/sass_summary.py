@@ -24,6 +24,7 @@ whose offsets share their high word takes round 2's A c0 once and round 1's as a
 DropoutTile): 16, with the score-by-score 18 beside it in the SASS for the tiles that straddle 2**32.
 
     python3 tools/sass_summary.py --source wgmma_ws.cu --philox --nvdisasm PATH
+    python3 tools/sass_summary.py --source mma.cu --source wgmma.cu ... --philox-table --nvdisasm PATH   # the record's form
 
 ``--triton`` counts the same in the Triton kernels with dropout instead (forward, dQ, dK/dV at D = 64 and 128, fp16,
 compiled for sm_90 by ``tools/triton_aot.py``'s ``compile_kernel``, no GPU; run with TRITON_INTERPRET unset).
@@ -153,8 +154,13 @@ def main(argv=None):
     ap.add_argument("--dump", help="write each kernel's SASS into this folder")
     ap.add_argument("--philox", action="store_true",
                     help="count the Philox evaluations (dropout) and their integer multiplies per evaluation")
+    ap.add_argument("--philox-table", action="store_true",
+                    help="print only one line per kernel with dropout: source | kernel | evaluations | products by A "
+                         "and by B per evaluation | total (the form of docs/results/cuda/philox_sass/philox_sass.txt)")
     ap.add_argument("--triton", action="store_true", help="the Triton kernels with dropout instead of --source")
     args = ap.parse_args(argv)
+    if args.philox_table and args.triton:
+        ap.error("--philox-table is for the CUDA sources (--source); --triton prints its counts with --philox")
     dis = disassembler(args.nvdisasm)
     if dis is None:
         ap.error("neither cuobjdump nor nvdisasm found: pass --nvdisasm PATH (see this tool's docstring)")
@@ -165,6 +171,8 @@ def main(argv=None):
         return 0
     if shutil.which("nvcc") is None:
         ap.error("nvcc not found")
+    if args.philox_table:
+        print("# source | kernel | Philox evaluations in its SASS | per evaluation: products by A and by B | total per evaluation")
     for source in args.source or ["mma.cu", "tiled.cu"]:
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
@@ -172,14 +180,22 @@ def main(argv=None):
             target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
             res = subprocess.run(["nvcc", "-cubin", *target, "-std=c++17", "-O3", "--resource-usage", "-o", cubin,
                                   os.path.join(KERNEL_DIR, source)], capture_output=True, text=True)
-            print(f"== {source} ({arch}; SASS by {dis[1]})")
+            if not args.philox_table:
+                print(f"== {source} ({arch}; SASS by {dis[1]})")
             if res.returncode != 0:
                 print("\n".join("  " + line for line in (res.stdout + res.stderr).splitlines() if "error" in line))
                 continue
             usage = resource_usage(res.stdout + res.stderr)
             sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
         for name, text in split_functions(sass):
-            report(name, usage.get(name, "?"), text, args.philox, args.dump)
+            if args.philox_table:
+                evals, muls = philox_counts(text)
+                if evals:
+                    per = {m: n / evals for m, n in sorted(muls.items())}
+                    print(f"{source} | {name} | {evals:g} | " + ", ".join(f"{m} {v:.3g}" for m, v in per.items())
+                          + f" | {sum(per.values()):.3g}")
+            else:
+                report(name, usage.get(name, "?"), text, args.philox, args.dump)
     return 0
 
 
