@@ -511,6 +511,10 @@ struct DropoutTile {
         high = fa::philox_high(dp.seed_lo, dp.seed_hi, hi_word);
         a_first = static_cast<unsigned long long>(fa::PHILOX_ROUND_A) * static_cast<unsigned>(first);
         a_nk = static_cast<unsigned long long>(fa::PHILOX_ROUND_A) * static_cast<unsigned>(dp.Nk);
+        // opaque to the compiler from here: a sum of the two would otherwise be folded back into A * (lo + k Nk),
+        // a multiply a score
+        asm("" : "+l"(a_first));
+        asm("" : "+l"(a_nk));
     }
     // A * lo of element (n, e), when `shared`
     __device__ __forceinline__ unsigned long long a_lo(int n, int e) const {
