@@ -1142,12 +1142,11 @@ PHILOX_SHARED = {"cuda-wgmma-ws": "cuda/philox_shared/ab_cuda_dropout.txt",  # n
                  "": "cuda/philox_shared/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...: one run each
 
 
-def t_philox_shared(R, lang):
-    """Dropout's keep test in integers and, in the CUDA kernels, round 2's product shared by a tile (new, c083af2)
-    against the kernels before (old, 2771f5a): the median time of each checkout's runs and old over new
-    (PHILOX_SHARED), fp16, p = 0.1, N = 4096."""
+def _philox_ab_table(R, lang, records):
+    """Old and new kernels with dropout from A/B records (PHILOX_SHARED, PHILOX_KEY_ROWS): the median time of each
+    checkout's runs and old over new, fp16, p = 0.1, N = 4096."""
     out = []
-    for (backend, mode, D, mask), runs in _philox_wide(R, PHILOX_SHARED).items():
+    for (backend, mode, D, mask), runs in _philox_wide(R, records).items():
         old, new = (statistics.median(runs[k]) for k in ("old", "new"))
         shape = "B4 H32" if D == 64 else "B4 H16"
         out.append([backend, mode, f"{shape} D{D}", H(lang, "causal", "因果") if mask == "causal" else
@@ -1157,9 +1156,26 @@ def t_philox_shared(R, lang):
     return table(header, out, right={4, 5, 6})
 
 
+def t_philox_shared(R, lang):
+    """Dropout's keep test in integers and, in the CUDA kernels, round 2's product shared by a tile (new, c083af2)
+    against the kernels before (old, 2771f5a)."""
+    return _philox_ab_table(R, lang, PHILOX_SHARED)
+
+
+PHILOX_KEY_ROWS = {"cuda-wgmma-ws": "cuda/philox_key_rows/ab_cuda_dropout.txt",  # new (76fc5de), old (fe0ce47)
+                   "": "cuda/philox_key_rows/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...
+
+
+def t_philox_key_rows(R, lang):
+    """The shared form reaching the S_ij^T tiles (new, 76fc5de: A * lo of the first offset and A * Nk opaque to the
+    compiler) against the kernels before (old, fe0ce47)."""
+    return _philox_ab_table(R, lang, PHILOX_KEY_ROWS)
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
+    "philox-key-rows": t_philox_key_rows,
     "hdim256": t_hdim256,
     "ws-rows-pad-top": t_ws_rows_pad_top,
     "cpu-memory": t_cpu_memory,
@@ -1327,6 +1343,7 @@ def rows_pad_top_figures(R):
 
 
 PHILOX_SASS = "cuda/philox_sass/philox_sass.txt"  # tools/sass_summary.py --philox over every dropout kernel
+PHILOX_SASS_C083AF2 = "cuda/philox_sass/philox_sass_c083af2.txt"  # the same before the S_ij^T tiles shared
 PHILOX_SASS_TRITON = "triton/philox_sass/philox_sass_triton.txt"  # ... --triton --philox
 # the same counts before each product was written as one wide multiply (philox.cuh's __umulhi and low multiply;
 # tl.rand's umulhi and mul)
@@ -1346,22 +1363,26 @@ def _philox_counts(R, cuda_rel, triton_rel):
 def philox_sass_figures(R):
     """Integer multiplies by Philox's round multipliers per evaluation in the SASS of the kernels with dropout, now
     (PHILOX_SASS, PHILOX_SASS_TRITON: the CUDA SASS holds each evaluation in a tile's shared form, 16, and in the
-    score-by-score fallback, 18) and with each product as two multiplies (the *_BEFORE records)."""
+    score-by-score fallback, 18), at c083af2 (PHILOX_SASS_C083AF2: the S_ij^T tiles' sums still multiplies) and
+    with each product as two multiplies (the *_BEFORE records)."""
     fwd, bwd, tri = _philox_counts(R, PHILOX_SASS, PHILOX_SASS_TRITON)
     fwd0, bwd0, tri0 = _philox_counts(R, PHILOX_SASS_BEFORE, PHILOX_SASS_TRITON_BEFORE)
+    fwd1, bwd1, _ = _philox_counts(R, PHILOX_SASS_C083AF2, PHILOX_SASS_TRITON)
     g = lambda x: f"{x:.0f}"  # noqa: E731
     g1 = lambda x: f"{x:.1f}"  # noqa: E731
     cuda = fwd + bwd
-    low, high = [v for v in cuda if v < 17.5], [v for v in cuda if v >= 17.5]
+    high = [v for v in fwd1 + bwd1 if v >= 17.5]
     en = (f"the SASS of every CUDA kernel with dropout ({len(fwd)} forward and {len(bwd)} backward instantiations) "
           f"holds each evaluation twice, in a tile's shared form (16 integer multiplies by the round multipliers) and "
-          f"in the score-by-score fallback (18): {len(low)} of them read {span(low, g1)} an evaluation on average, "
-          f"{len(high)} read {span(high, g1)} (the kernels whose tiles hold S_ij^T, below); Triton's forward, dQ and "
-          f"dK/dV kernels issue {span(tri, g)}; with each product written as a high and a low multiply, the forwards "
-          f"issued {span(fwd0, g)}, the backwards {span(bwd0, g)} and Triton's kernels {span(tri0, g)}")
+          f"in the score-by-score fallback (18): all of them read {span(cuda, g1)} an evaluation on average (at commit "
+          f"c083af2, before the tiles that hold S_ij^T took the shared form, {len(high)} of them read "
+          f"{span(high, g1)}: below); Triton's forward, dQ and dK/dV kernels issue {span(tri, g)}; with each product "
+          f"written as a high and a low multiply, the forwards issued {span(fwd0, g)}, the backwards {span(bwd0, g)} "
+          f"and Triton's kernels {span(tri0, g)}")
     zh = (f"每个带 dropout 的 CUDA 内核（前向 {len(fwd)} 个、反向 {len(bwd)} 个实例）的 SASS 都把每次求值写了两遍：一块共享的形式"
-          f"（16 条乘以轮乘数的整数乘法）和逐个分数的回退形式（18 条）：其中 {len(low)} 个平均每次求值为 {span(low, g1)} 条，"
-          f"{len(high)} 个为 {span(high, g1)} 条（块中放 S_ij^T 的内核，见下）；Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条；"
+          f"（16 条乘以轮乘数的整数乘法）和逐个分数的回退形式（18 条）：它们平均每次求值都是 {span(cuda, g1)} 条"
+          f"（在提交 c083af2，放 S_ij^T 的块还没用上共享形式时，其中 {len(high)} 个为 {span(high, g1)} 条，见下）；"
+          f"Triton 的前向、dQ 和 dK/dV 内核为 {span(tri, g)} 条；"
           f"每个乘积写成一条高位乘法加一条低位乘法时，前向为 {span(fwd0, g)} 条，反向为 {span(bwd0, g)} 条，"
           f"Triton 的内核为 {span(tri0, g)} 条")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
@@ -1389,20 +1410,64 @@ def philox_wide_figures(R):
             ("docs/zh/backend_triton.md", tri_zh), ("docs/performance.md", en_rungs), ("docs/zh/performance.md", zh_rungs)]
 
 
-def philox_shared_figures(R):
-    """The A/B of the integer keep test and the shared round-2 product (PHILOX_SHARED) in prose: old over new."""
-    ab = _philox_wide(R, PHILOX_SHARED)
+def _philox_ab_span(R, records):
+    """x(backend, mode): the span of old over new (medians of each checkout's runs) in A/B records."""
+    ab = _philox_wide(R, records)
 
     def x(backend, mode):
         return span([statistics.median(v["old"]) / statistics.median(v["new"]) for k, v in ab.items()
                      if k[:2] == (backend, mode)], lambda r: f"{r:.3f}", "×")
+    return x
 
+
+def philox_shared_figures(R):
+    """The A/B of the integer keep test and the shared round-2 product (PHILOX_SHARED) in prose: old over new."""
+    x = _philox_ab_span(R, PHILOX_SHARED)
     en = (f"cuda-wgmma-ws's forward {x('cuda-wgmma-ws', 'fwd')} and backward {x('cuda-wgmma-ws', 'bwd')} as fast as "
           f"before, cuda-wgmma's forward {x('cuda-wgmma', 'fwd')}, cuda-mma's {x('cuda-mma', 'fwd')}; Triton's forward "
           f"{x('triton', 'fwd')} and backward {x('triton', 'bwd')}")
     zh = (f"cuda-wgmma-ws 的前向为之前的 {x('cuda-wgmma-ws', 'fwd')}，反向为 {x('cuda-wgmma-ws', 'bwd')}；cuda-wgmma 的前向为 "
           f"{x('cuda-wgmma', 'fwd')}，cuda-mma 的前向为 {x('cuda-mma', 'fwd')}；Triton 的前向为 {x('triton', 'fwd')}，"
           f"反向为 {x('triton', 'bwd')}")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
+
+
+PHILOX_REGISTERS_KEY_ROWS = "cuda/philox_sass/registers_key_rows.txt"  # fe0ce47 against 76fc5de, per kernel
+
+
+def philox_key_rows_sass_figures(R):
+    """The SASS after the S_ij^T tiles took the shared form (PHILOX_SASS, PHILOX_REGISTERS_KEY_ROWS): multiplies an
+    evaluation, and how many instantiations spill more or less than at fe0ce47."""
+    fwd, bwd, _ = _philox_counts(R, PHILOX_SASS, PHILOX_SASS_TRITON)
+    moves = []
+    for line in R.text(PHILOX_REGISTERS_KEY_ROWS).splitlines():
+        if not line.startswith("#"):
+            _, kernel, old, new = line.split(" | ")
+            moves.append((int(new.split(", ")[1].split("/")[0]) - int(old.split(", ")[1].split("/")[0]),
+                          re.match(r"_Z\d+([a-z_]+)I", kernel).group(1)))
+    less, more = [m for m in moves if m[0] < 0], [m for m in moves if m[0] > 0]
+    worst = max(more) if more else (0, "")
+    best = min(less) if less else (0, "")
+    en = (f"Every one of the {len(fwd) + len(bwd)} kernel instantiations with dropout now reads "
+          f"{span(fwd + bwd, lambda x: f'{x:.1f}')} an evaluation, and their spills move little: "
+          f"{len(moves) - len(less) - len(more)} spill as much as before, {len(less)} less (at most {-best[0]} bytes "
+          f"a thread, {best[1]}) and {len(more)} more (at most {worst[0]}, {worst[1]})")
+    zh = (f"全部 {len(fwd) + len(bwd)} 个带 dropout 的内核实例现在每次求值都是 {span(fwd + bwd, lambda x: f'{x:.1f}')} 条，"
+          f"溢出变化不大：{len(moves) - len(less) - len(more)} 个与之前相同，{len(less)} 个更少（每线程最多少 {-best[0]} 字节，"
+          f"{best[1]}），{len(more)} 个更多（最多多 {worst[0]} 字节，{worst[1]}）")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh),
+            ("docs/results/cuda/philox_sass/README.md", en)]
+
+
+def philox_key_rows_figures(R):
+    """The A/B of the shared form in the S_ij^T tiles (PHILOX_KEY_ROWS) in prose: old over new."""
+    x = _philox_ab_span(R, PHILOX_KEY_ROWS)
+    en = (f"cuda-wgmma-ws's backward {x('cuda-wgmma-ws', 'bwd')} and cuda-mma's {x('cuda-mma', 'bwd')} as fast as "
+          f"before; the forwards, whose tiles had the shared form already, move little: cuda-wgmma-ws's "
+          f"{x('cuda-wgmma-ws', 'fwd')}, cuda-mma's {x('cuda-mma', 'fwd')}, cuda-wgmma's {x('cuda-wgmma', 'fwd')}")
+    zh = (f"cuda-wgmma-ws 的反向为之前的 {x('cuda-wgmma-ws', 'bwd')}，cuda-mma 的反向为 {x('cuda-mma', 'bwd')}；"
+          f"前向的块原本就用共享形式，变化不大：cuda-wgmma-ws 为 {x('cuda-wgmma-ws', 'fwd')}，cuda-mma 为 "
+          f"{x('cuda-mma', 'fwd')}，cuda-wgmma 为 {x('cuda-wgmma', 'fwd')}")
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
 
 
@@ -1789,7 +1854,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
