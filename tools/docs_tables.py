@@ -1432,6 +1432,30 @@ def philox_shared_figures(R):
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/results/cuda/README.md", en)]
 
 
+PHILOX_REGISTERS_SHARED = "cuda/philox_sass/registers_shared.txt"  # 05e73cb against c083af2, per kernel
+
+
+def _spill_moves(R, rel):
+    """[(spill stores at the second commit - at the first, kernel name)] per instantiation of a registers record."""
+    moves = []
+    for line in R.text(rel).splitlines():
+        if not line.startswith("#"):
+            _, kernel, old, new = line.split(" | ")
+            moves.append((int(new.split(", ")[1].split("/")[0]) - int(old.split(", ")[1].split("/")[0]),
+                          re.match(r"_Z\d+([a-z_]+)I", kernel).group(1)))
+    return moves
+
+
+def philox_shared_registers_figures(R):
+    """What the shared form cost the Hopper forwards in spills (PHILOX_REGISTERS_SHARED)."""
+    hopper = [m for m, kernel in _spill_moves(R, PHILOX_REGISTERS_SHARED) if kernel in ("wgmma_fwd", "wgmma_ws_fwd")]
+    more = [m for m in hopper if m > 0]
+    return [("docs/performance.md", f"{len(more)} of the {len(hopper)} Hopper forward instantiations with dropout "
+                                    f"spill {span(more, str)} bytes a thread more"),
+            ("docs/zh/performance.md", f"{len(hopper)} 个带 dropout 的 Hopper 前向实例中有 {len(more)} 个每线程多溢出 "
+                                       f"{span(more, str)} 字节")]
+
+
 PHILOX_REGISTERS_KEY_ROWS = "cuda/philox_sass/registers_key_rows.txt"  # fe0ce47 against 76fc5de, per kernel
 
 
@@ -1439,12 +1463,7 @@ def philox_key_rows_sass_figures(R):
     """The SASS after the S_ij^T tiles took the shared form (PHILOX_SASS, PHILOX_REGISTERS_KEY_ROWS): multiplies an
     evaluation, and how many instantiations spill more or less than at fe0ce47."""
     fwd, bwd, _ = _philox_counts(R, PHILOX_SASS, PHILOX_SASS_TRITON)
-    moves = []
-    for line in R.text(PHILOX_REGISTERS_KEY_ROWS).splitlines():
-        if not line.startswith("#"):
-            _, kernel, old, new = line.split(" | ")
-            moves.append((int(new.split(", ")[1].split("/")[0]) - int(old.split(", ")[1].split("/")[0]),
-                          re.match(r"_Z\d+([a-z_]+)I", kernel).group(1)))
+    moves = _spill_moves(R, PHILOX_REGISTERS_KEY_ROWS)
     less, more = [m for m in moves if m[0] < 0], [m for m in moves if m[0] > 0]
     worst = max(more) if more else (0, "")
     best = min(less) if less else (0, "")
@@ -1854,7 +1873,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
