@@ -1125,16 +1125,8 @@ def _philox_wide(R, records=PHILOX_WIDE):
 def t_philox_wide(R, lang):
     """Dropout's kernels with each Philox product as a low and a high multiply (old) and as one wide multiply (new):
     the median time of each checkout's runs and old over new (PHILOX_WIDE), fp16, p = 0.1, N = 4096."""
-    out = []
-    for (backend, mode, D, mask), runs in _philox_wide(R).items():
-        old, new = (statistics.median(runs[k]) for k in ("old", "new"))
-        shape = "B4 H32" if D == 64 else "B4 H16"
-        out.append([backend, mode, f"{shape} D{D}", H(lang, "causal", "因果") if mask == "causal" else
-                    H(lang, "not causal", "非因果"), f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
-    header = [H(lang, "kernels", "内核"), H(lang, "mode", "模式"), H(lang, "shape", "形状"), H(lang, "mask", "掩码"),
-              H(lang, "two multiplies (ms)", "两条乘法（ms）"), H(lang, "one wide multiply (ms)", "一条宽乘法（ms）"),
-              H(lang, "speed-up", "加速")]
-    return table(header, out, right={4, 5, 6})
+    return _philox_ab_table(R, lang, PHILOX_WIDE, before=H(lang, "two multiplies (ms)", "两条乘法（ms）"),
+                            now=H(lang, "one wide multiply (ms)", "一条宽乘法（ms）"))
 
 
 PHILOX_SHARED = {"cuda-wgmma-ws": "cuda/philox_shared/ab_cuda_dropout.txt",  # new (c083af2) and old (2771f5a) in turn
@@ -1142,9 +1134,10 @@ PHILOX_SHARED = {"cuda-wgmma-ws": "cuda/philox_shared/ab_cuda_dropout.txt",  # n
                  "": "cuda/philox_shared/ab_wgmma_mma_dropout.txt"}  # labels new_wgmma, old_mma, ...: one run each
 
 
-def _philox_ab_table(R, lang, records):
-    """Old and new kernels with dropout from A/B records (PHILOX_SHARED, PHILOX_KEY_ROWS): the median time of each
-    checkout's runs and old over new, fp16, p = 0.1, N = 4096."""
+def _philox_ab_table(R, lang, records, before=None, now=None):
+    """Old and new kernels with dropout from A/B records (PHILOX_WIDE, PHILOX_SHARED, PHILOX_KEY_ROWS): the median
+    time of each checkout's runs and old over new, fp16, p = 0.1, N = 4096; ``before`` and ``now`` name the two
+    time columns."""
     out = []
     for (backend, mode, D, mask), runs in _philox_wide(R, records).items():
         old, new = (statistics.median(runs[k]) for k in ("old", "new"))
@@ -1152,7 +1145,8 @@ def _philox_ab_table(R, lang, records):
         out.append([backend, mode, f"{shape} D{D}", H(lang, "causal", "因果") if mask == "causal" else
                     H(lang, "not causal", "非因果"), f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
     header = [H(lang, "kernels", "内核"), H(lang, "mode", "模式"), H(lang, "shape", "形状"), H(lang, "mask", "掩码"),
-              H(lang, "before (ms)", "之前（ms）"), H(lang, "now (ms)", "现在（ms）"), H(lang, "speed-up", "加速")]
+              before or H(lang, "before (ms)", "之前（ms）"), now or H(lang, "now (ms)", "现在（ms）"),
+              H(lang, "speed-up", "加速")]
     return table(header, out, right={4, 5, 6})
 
 
@@ -1390,12 +1384,7 @@ def philox_sass_figures(R):
 
 def philox_wide_figures(R):
     """The A/B of the wide multiplies (PHILOX_WIDE) in prose: old over new per backend and mode."""
-    ab = _philox_wide(R)
-
-    def x(backend, mode):
-        return span([statistics.median(v["old"]) / statistics.median(v["new"]) for k, v in ab.items()
-                     if k[:2] == (backend, mode)], lambda r: f"{r:.3f}", "×")
-
+    x = _philox_ab_span(R, PHILOX_WIDE)
     en = (f"Triton's forward {x('triton', 'fwd')} and backward {x('triton', 'bwd')} as fast as before; cuda-wgmma-ws's "
           f"forward {x('cuda-wgmma-ws', 'fwd')} and backward {x('cuda-wgmma-ws', 'bwd')}")
     zh = (f"Triton 的前向为之前的 {x('triton', 'fwd')}，反向为 {x('triton', 'bwd')}；cuda-wgmma-ws 的前向为 "
