@@ -1037,3 +1037,31 @@ def test_mma_persistent_ab_refuses_without_a_gpu_or_rounds(tmp_path, capsys, mon
             ab.main(argv)
         assert exc.value.code == 2 and msg in capsys.readouterr().err
     assert {c[0] for c in ab.CASES} == {64, 96, 128} and ab.NAMES == ("off", "on", "sdpa-flash")
+
+
+def test_cold_warm_refuses_bad_options_and_runs_on_a_gpu(tmp_path, capsys):
+    """tools/cold_warm.py: bad --cases, --rounds or --backends get argparse's error (exit 2); without a CUDA GPU it
+    says so; on a GPU it times a tiny case both ways and writes its table, cold and warm for every backend named."""
+    import torch
+
+    from tools import cold_warm as cw
+
+    for argv, msg in ((["--rounds", "0"], "--rounds must be at least 1, got 0"),
+                      (["--cases", "4x16"], "--cases takes BxHxNxD"), (["--cases", "4x16x0x64"], "--cases takes")):
+        with pytest.raises(SystemExit) as exc:
+            cw.main(["--out", str(tmp_path)] + argv)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exc:
+            cw.main(["--out", str(tmp_path)])
+        assert exc.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+        return
+    with pytest.raises(SystemExit):
+        cw.main(["--out", str(tmp_path), "--backends", "cuda-mma,nope"])
+    assert "unknown ['nope']" in capsys.readouterr().err
+    assert cw.main(["--out", str(tmp_path), "--cases", "1x2x128x64", "--rounds", "1", "--causal", "no"]) == 0
+    doc = json.load(open(tmp_path / "cold_warm.json"))
+    (row,) = doc["rows"]
+    assert set(row["us"]) == {"cuda-mma", "sdpa-flash"} and all(t["cold"] > 0 and t["warm"] > 0
+                                                                  for t in row["us"].values())
+    assert "| 1 | 2 | 128 | 64 | no | cuda-mma |" in (tmp_path / "cold_warm.md").read_text()
