@@ -1166,6 +1166,87 @@ def t_philox_key_rows(R, lang):
     return _philox_ab_table(R, lang, PHILOX_KEY_ROWS)
 
 
+COLD_L2 = "cuda/cold_l2"  # tools/cold_warm.py on an H200: mma/ (this rung), experiments-*/ (tags), wgmma-ws/
+
+
+def _cold_warm(R, name):
+    """{(B, H, N, D, causal): {backend: {"cold": µs, "warm": µs}}} of COLD_L2/name/cold_warm.json."""
+    return {(r["B"], r["H"], r["N"], r["D"], r["causal"]): r["us"] for r in R.json(f"{COLD_L2}/{name}/cold_warm.json")["rows"]}
+
+
+def t_cold_l2(R, lang):
+    """cuda-mma's forward beside FA2 with L2 flushed before every call (cold, the benchmark's timer) and back to back
+    (warm), and the two changes tried (tags experiments/mma-one-barrier, experiments/mma-l2-prefetch)."""
+    now = _cold_warm(R, "mma")
+    tried = [_cold_warm(R, "experiments-mma-one-barrier"), _cold_warm(R, "experiments-mma-l2-prefetch")]
+    x = lambda us, kind: us["sdpa-flash"][kind] / us["cuda-mma"][kind]  # noqa: E731
+    both = lambda us: f"{x(us, 'cold'):.3f} / {x(us, 'warm'):.3f}"  # noqa: E731
+    out = []
+    for (B, heads, N, D, causal), us in now.items():
+        fa2, mma = us["sdpa-flash"], us["cuda-mma"]
+        out.append([f"B{B} H{heads}", str(N), str(D), H(lang, "yes", "是") if causal else H(lang, "no", "否"),
+                    f"{fa2['cold']:.1f} / {fa2['warm']:.1f}", f"{mma['cold']:.1f} / {mma['warm']:.1f}", both(us)]
+                   + [both(t[(B, heads, N, D, causal)]) for t in tried])
+    header = [H(lang, "shape", "形状"), "N", "D", H(lang, "causal", "因果"), H(lang, "FA2 µs, cold / warm", "FA2 µs，冷 / 热"),
+              H(lang, "cuda-mma µs, cold / warm", "cuda-mma µs，冷 / 热"),
+              H(lang, "cuda-mma × FA2, cold / warm", "cuda-mma 相对 FA2，冷 / 热"),
+              H(lang, "tried: one barrier a tile, × FA2", "试过：每块一个屏障，相对 FA2"),
+              H(lang, "tried: tile j+2 into L2, × FA2", "试过：把第 j+2 块预取进 L2，相对 FA2")]
+    return table(header, out, right={4, 5, 6, 7, 8})
+
+
+def cold_l2_figures(R):
+    """The cold/warm record (COLD_L2) in prose: the target row, what both pay elsewhere at N = 1024, the two changes
+    tried (cold, over this rung's own), and cuDNN's N = 4096 forward read faster cold than warm."""
+    now = _cold_warm(R, "mma")
+    row = (4, 16, 1024, 128, False)
+    x = lambda us, kind: us["sdpa-flash"][kind] / us["cuda-mma"][kind]  # noqa: E731
+    pay = lambda us, n: us[n]["cold"] - us[n]["warm"]  # noqa: E731
+    others = [pay(us, n) for k, us in now.items() if k[2] == 1024 and k != row for n in ("cuda-mma", "sdpa-flash")]
+    g, f1 = (lambda v: f"{v:.3f}"), (lambda v: f"{v:.1f}".replace("-", "−"))
+    ob, l2 = _cold_warm(R, "experiments-mma-one-barrier"), _cold_warm(R, "experiments-mma-l2-prefetch")
+    rel = lambda t, k: x(t[k], "cold") / x(now[k], "cold")  # noqa: E731
+    d64 = [rel(ob, k) for k in now if k[3] == 64]
+    pre = [rel(l2, k) for k in now]
+    ws = {(r["D"], r["causal"]): r["us"] for r in R.json(f"{COLD_L2}/wgmma-ws/cold_warm.json")["rows"] if r["N"] == 4096}
+    cud = ws[(128, False)]["sdpa-cudnn"]
+    en = (f"{x(now[row], 'cold'):.3f}× FA2 with L2 flushed before every call, as the benchmark times it, and "
+          f"{x(now[row], 'warm'):.3f}× back to back in a CUDA graph. Cold, a call takes {f1(pay(now[row], 'cuda-mma'))} µs "
+          f"longer than warm; FA2's takes {f1(pay(now[row], 'sdpa-flash'))} µs longer at that shape, that is, no longer, "
+          f"and in the other N = 1024 rows both take {span(others, f1)} µs longer")
+    en2 = (f"one block barrier a tile instead of two ran that row {rel(ob, row):.3f}× as fast cold and the D = 64 rows "
+           f"{span(d64, g, '×')}; asking L2 for tile j + 2 beside tile j + 1's copies ran every row "
+           f"{span(pre, g, '×')}")
+    en3 = f"cuDNN's forward at N = 4096, D = 128, not causal, reads {cud['cold']:.0f} µs cold against {cud['warm']:.0f} warm"
+    zh = (f"按基准测试的方式（每次调用前清空 L2）计时为 FA2 的 {x(now[row], 'cold'):.3f}×，在 CUDA graph 中背靠背计时为 "
+          f"{x(now[row], 'warm'):.3f}×。冷时一次调用比热时多花 {f1(pay(now[row], 'cuda-mma'))} µs；FA2 在这个形状上多花 "
+          f"{f1(pay(now[row], 'sdpa-flash'))} µs，也就是没有多花；在 N = 1024 的其他行里两者都多花 {span(others, f1)} µs")
+    zh2 = (f"每块一个线程块屏障（原来是两个）让那一行冷时快到 {rel(ob, row):.3f}×，D = 64 的各行则为 {span(d64, g, '×')}；"
+           f"在第 j + 1 块的拷贝旁边请求 L2 预取第 j + 2 块，让每一行变为 {span(pre, g, '×')}")
+    zh3 = f"cuDNN 在 N = 4096、D = 128、非因果时的前向冷时为 {cud['cold']:.0f} µs，热时为 {cud['warm']:.0f} µs"
+    return [("docs/performance.md", en), ("docs/performance.md", en2), ("docs/performance.md", en3),
+            ("docs/zh/performance.md", zh), ("docs/zh/performance.md", zh2), ("docs/zh/performance.md", zh3),
+            ("docs/results/cuda/README.md", en)]
+
+
+def ncu_h200_figures(R):
+    """The H200 profiles (cuda/ncu-h200/profiles.json) in prose: the D = 128 forward beside cuDNN, and cuda-mma's
+    forward at N = 1024 beside FA2."""
+    prof = {p["label"]: p for p in R.json("cuda/ncu-h200/profiles.json")["profiles"]}
+    k = lambda label: max(prof[label]["kernels"], key=lambda k: k["time_us"])  # noqa: E731
+    pipe = lambda label: f0(k(label)["tensor_pipe_pct"])  # noqa: E731
+    l1 = lambda label: f0(k(label)["l1_shared_throughput_pct"])  # noqa: E731
+    tf = lambda label: f0(prof[label]["tflops"])  # noqa: E731
+    ws, cu, mma, fa2 = "cuda-wgmma-ws-fwd-d128", "sdpa-cudnn-fwd-d128", "cuda-mma-fwd-d128-n1024", "sdpa-flash-fwd-d128-n1024"
+    en = (f"cuda-wgmma-ws's D = 128 forward keeps the tensor pipe {pipe(ws)} % busy at {tf(ws)} TFLOP/s under the "
+          f"profiler, beside cuDNN's {pipe(cu)} % and {tf(cu)}; cuda-mma's D = 128 forward at N = 1024 keeps shared "
+          f"memory {l1(mma)} % busy and the tensor pipe {pipe(mma)} %, FA2's {l1(fa2)} % and {pipe(fa2)} %")
+    zh = (f"cuda-wgmma-ws 的 D = 128 前向在剖析器下以 {tf(ws)} TFLOP/s 让张量管线 {pipe(ws)} % 忙碌，cuDNN 为 {pipe(cu)} % 和 "
+          f"{tf(cu)}；cuda-mma 的 D = 128 前向在 N = 1024 时共享内存 {l1(mma)} % 忙碌、张量管线 {pipe(mma)} %，FA2 为 "
+          f"{l1(fa2)} % 和 {pipe(fa2)} %")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
@@ -1190,6 +1271,8 @@ TABLES = {
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
+    "ncu-h200": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-h200/profiles.json"),
+    "cold-l2": t_cold_l2,
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
     "forward-tiles": t_forward_tiles,
@@ -1862,7 +1945,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
