@@ -1174,13 +1174,17 @@ def _cold_warm(R, name):
     return {(r["B"], r["H"], r["N"], r["D"], r["causal"]): r["us"] for r in R.json(f"{COLD_L2}/{name}/cold_warm.json")["rows"]}
 
 
+def _mma_x_fa2(us, kind):
+    """cuda-mma's speed over FA2's in one row of _cold_warm, "cold" or "warm"."""
+    return us["sdpa-flash"][kind] / us["cuda-mma"][kind]
+
+
 def t_cold_l2(R, lang):
     """cuda-mma's forward beside FA2 with L2 flushed before every call (cold, the benchmark's timer) and back to back
     (warm), and the two changes tried (tags experiments/mma-one-barrier, experiments/mma-l2-prefetch)."""
     now = _cold_warm(R, "mma")
     tried = [_cold_warm(R, "experiments-mma-one-barrier"), _cold_warm(R, "experiments-mma-l2-prefetch")]
-    x = lambda us, kind: us["sdpa-flash"][kind] / us["cuda-mma"][kind]  # noqa: E731
-    both = lambda us: f"{x(us, 'cold'):.3f} / {x(us, 'warm'):.3f}"  # noqa: E731
+    both = lambda us: f"{_mma_x_fa2(us, 'cold'):.3f} / {_mma_x_fa2(us, 'warm'):.3f}"  # noqa: E731
     out = []
     for (B, heads, N, D, causal), us in now.items():
         fa2, mma = us["sdpa-flash"], us["cuda-mma"]
@@ -1200,7 +1204,7 @@ def cold_l2_figures(R):
     tried (cold, over this rung's own), and cuDNN's N = 4096 forward read faster cold than warm."""
     now = _cold_warm(R, "mma")
     row = (4, 16, 1024, 128, False)
-    x = lambda us, kind: us["sdpa-flash"][kind] / us["cuda-mma"][kind]  # noqa: E731
+    x = _mma_x_fa2
     pay = lambda us, n: us[n]["cold"] - us[n]["warm"]  # noqa: E731
     others = [pay(us, n) for k, us in now.items() if k[2] == 1024 and k != row for n in ("cuda-mma", "sdpa-flash")]
     g, f1 = (lambda v: f"{v:.3f}"), (lambda v: f"{v:.1f}".replace("-", "−"))
