@@ -3,7 +3,7 @@
 # beyond torch, triton, cupy, pytest, pytest-xdist, matplotlib, tqdm):
 #   bash .ci/gpu_run.sh --out results/gpu tests        # the whole pytest suite on the GPU, accuracy table in JSON
 #                                                      # (TESTS="files ..." and PYTEST_K="expression": a subset;
-#                                                      # about 15 minutes on an H100: XDIST_S, default 1500 s)
+#                                                      # WORKERS=n workers, default 12; XDIST_S, default 1500 s)
 #   bash .ci/gpu_run.sh --out results/gpu seed         # benchmark: the seed documents' configuration (ROUNDS=3 rounds, each a pass over the run)
 #   bash .ci/gpu_run.sh --out results/gpu seed-calling # the same backward rows, each backward on the calling thread
 #                                                      # (--autograd-thread calling: autograd's multithreading off)
@@ -47,13 +47,17 @@ cat "$OUT/env.txt"
 for step in "$@"; do
   case "$step" in
     tests)
-      # every test file in parallel (12 workers also compile the kernel variants side by side); the workers' accuracy
-      # rows are merged into one table (tests/conftest.py), written to gpu_errors.json. The whole suite took about
-      # 15 minutes on an H100 with 14 workers (the harness 6.5, the rest 9); on a machine that limits one command to
-      # 10 minutes, run it in two calls: TESTS=tests/test_harness.py, then TESTS="tests --ignore=tests/test_harness.py"
-      FA_ERROR_REPORT="$OUT/gpu_errors.json" timeout "${XDIST_S:-1500}" python3 -m pytest -q -p no:cacheprovider -n 12 \
-        -rfEs ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_xdist.log" 2>&1
-      echo "pytest -n 12 rc=$?"; grep -E "passed|failed|error" "$OUT/pytest_xdist.log" | tail -n 3
+      # every test file in parallel (WORKERS pytest workers, default 12, which also compile the kernel variants side
+      # by side); the workers' accuracy rows are merged into one table (tests/conftest.py), written to gpu_errors.json.
+      # On an H200 with 16 CPU cores and WORKERS=15 (docs/results/gpu_tests/h200-full-suite/) the harness took 370 s,
+      # the CUDA files 216 s and the other files with GPU cases 195 s; everything but the harness did not finish in
+      # 545 s. On a machine that limits one command to 10 minutes, run it in calls like these:
+      #   TESTS=tests/test_harness.py
+      #   TESTS="tests/test_cuda_kernels.py tests/test_cuda_variants.py"
+      #   TESTS="tests --ignore=tests/test_harness.py --ignore=tests/test_cuda_kernels.py --ignore=tests/test_cuda_variants.py"
+      FA_ERROR_REPORT="$OUT/gpu_errors.json" timeout "${XDIST_S:-1500}" python3 -m pytest -q -p no:cacheprovider \
+        -n "${WORKERS:-12}" -rfEs ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_xdist.log" 2>&1
+      echo "pytest -n ${WORKERS:-12} rc=$?"; grep -E "passed|failed|error" "$OUT/pytest_xdist.log" | tail -n 3
       grep -E "^(FAILED|ERROR)" "$OUT/pytest_xdist.log" | head -n 20
       grep -E "^SKIPPED" "$OUT/pytest_xdist.log" | sort | uniq -c | sort -rn | head -n 12
       grep -E "^E  |Error:|assert" "$OUT/pytest_xdist.log" | head -n 30 ;;

@@ -37,7 +37,9 @@ def _copy(tmp_path):
         shutil.copy(path, root / rel)
     shutil.copytree(os.path.join(ROOT, "docs", "results"), root / "docs" / "results", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("*.png", "*.log", "cases.jsonl", "results.csv"))
-    for log in ("gpu_tests/pytest_harness.log", "gpu_tests/pytest_all_files.log", "triton/gpu_pytest.log"):
+    for log in ("gpu_tests/pytest_harness.log", "gpu_tests/pytest_all_files.log", "triton/gpu_pytest.log",
+                "gpu_tests/h200-full-suite/pytest_harness.log", "gpu_tests/h200-full-suite/pytest_cuda.log",
+                "gpu_tests/h200-full-suite/pytest_gpu_files.log"):
         shutil.copy(os.path.join(ROOT, "docs", "results", log), root / "docs" / "results" / log)
     return root
 

@@ -165,11 +165,11 @@ def bench_row(R, run, backend, dtype, N, mode="fwd", causal=False):
 
 
 def pytest_summary(R, rel):
-    """(passed, skipped) from the last line of a pytest log."""
+    """(passed, skipped) from the last line of a pytest log (0 skipped where the line names none)."""
     last = [line for line in R.text(rel).splitlines() if " passed" in line][-1]
     passed = int(re.search(r"(\d+) passed", last).group(1))
-    skipped = int(re.search(r"(\d+) skipped", last).group(1))
-    return passed, skipped
+    skipped = re.search(r"(\d+) skipped", last)
+    return passed, int(skipped.group(1)) if skipped else 0
 
 
 def launch_overhead(R, path="cuda/launch_overhead.txt"):
@@ -1931,6 +1931,7 @@ def prose(R):
     flash16k = bench_row(R, "h100-default", "triton", "float16", 16384)
     harness, all_files = pytest_summary(R, "gpu_tests/pytest_harness.log"), pytest_summary(R, "gpu_tests/pytest_all_files.log")
     tri_log = pytest_summary(R, "triton/gpu_pytest.log")
+    h200 = {k: pytest_summary(R, f"gpu_tests/h200-full-suite/pytest_{k}.log") for k in ("harness", "cuda", "gpu_files")}
     host = launch_overhead(R)
     cuda_host = span([host["flash_attn_cuda kernel=mma"], host["flash_attn_cuda kernel=wgmma"]])
     driver = launch_overhead(R, "cuda/launch_overhead_driver.txt")  # with the direct driver launch
@@ -1993,6 +1994,9 @@ def prose(R):
         ("docs/performance.md", f"({g3(flash16k['mem_extra_mb'])} MiB at N = 16384)"),
         ("docs/performance.md", f"({harness[0]} passed; the {harness[1]} skipped"),
         ("docs/performance.md", f"the whole suite: {all_files[0]} passed, {all_files[1]} skipped"),
+        ("docs/performance.md", f"the harness {h200['harness'][0]} passed and {h200['harness'][1]} skipped (its "
+                                f"CPU-interpreter cases), the CUDA test files {h200['cuda'][0]} passed, and the other "
+                                f"files with GPU cases {h200['gpu_files'][0]} passed, {h200['gpu_files'][1]} skipped"),
         ("docs/performance.md", f"{plans_cuda} µs per forward call on the CUDA rungs and {f0(plans['flash_attn_triton'])} µs "
                                 f"for Triton's, against {f0(plans['sdpa FLASH_ATTENTION (FA2)'])} µs for SDPA's C++ path;\n"
                                 f"`launch_overhead.txt` beside it is the first such run, {cuda_host} and "
