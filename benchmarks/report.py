@@ -237,7 +237,9 @@ def report_markdown(rows, *, meta, config, matmul_peak, plots=True):
                      ", ".join(f"{d} {v:.0f} TFLOP/s" for d, v in matmul_peak.items() if v))
     lines += ["", markdown_table(rows, config)]
     if plots:
-        lines += ["", "![TFLOP/s](tflops.png)", "", "![peak memory](memory.png)", "", "![speed-up](speedup.png)", ""]
+        lines += ["", "![TFLOP/s](tflops.png)", "", "![peak memory](memory.png)", ""]
+        if speedup_baseline(rows) is not None:
+            lines += ["![speed-up](speedup.png)", ""]
     return "\n".join(lines)
 
 
@@ -311,9 +313,34 @@ def _panel(r):
     return (r["mode"], r["causal"], (r["B"], r["H"], r["D"]))
 
 
+# speedup.png divides by the first of these the run has: naive attention where it ran, else FlashAttention-2
+SPEEDUP_BASELINES = (("naive-torch", "naive softmax(QK^T)V"), ("sdpa-flash", "FlashAttention-2 (sdpa-flash)"))
+
+
+def speedup_baseline(rows):
+    """(backend, description) that speedup.png divides by: the first of SPEEDUP_BASELINES with a measured row in
+    ``rows``; None where the run has neither (then there is no speed-up plot)."""
+    ran = {r["backend"] for r in rows if r["status"] == "ok" and r.get("time_ms")}
+    return next((b for b in SPEEDUP_BASELINES if b[0] in ran), None)
+
+
+def _with_speedup(rows, baseline):
+    """Copies of ``rows`` with 'speedup': the baseline's median time over the row's, same device, dtype, mode,
+    causal, B, H, Nq, Nk and D (NaN where the baseline has no such row)."""
+    key = lambda r: (r["device"], r["dtype"], r["mode"], r["causal"], r["B"], r["H"], r["Nq"], r["Nk"], r["D"])  # noqa: E731
+    t0 = {key(r): r["time_ms"] for r in rows if r["backend"] == baseline and r["status"] == "ok" and r.get("time_ms")}
+    out = []
+    for r in rows:
+        t = r.get("time_ms")
+        ok = r["status"] == "ok" and key(r) in t0 and t is not None and t > 0
+        out.append(dict(r, speedup=t0[key(r)] / t if ok else math.nan))
+    return out
+
+
 def write_plots(out, rows, matmul_peak, config):
     """tflops.png, memory.png, speedup.png: one panel per (mode, causal); lines against N, or bars where
-    the run has a single N. The legend sits outside the panels, so it hides neither points nor ceilings."""
+    the run has a single N. The legend sits outside the panels, so it hides neither points nor ceilings.
+    speedup.png is over ``speedup_baseline(rows)``; a run with no baseline gets none (and loses a stale one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,8 +363,13 @@ def write_plots(out, rows, matmul_peak, config):
     specs = [
         ("tflops.png", "tflops", "TFLOP/s", "throughput (FLOPs = 4·B·H·Nq·Nk·D, x0.5 causal, x2.5 bwd)", False),
         ("memory.png", "mem_extra_mb", "peak memory above the inputs (MiB)", "peak memory", True),
-        ("speedup.png", "speedup_vs_naive", "speed-up over naive-torch (x)", "speed-up over naive softmax(QK^T)V", False),
     ]
+    baseline = speedup_baseline(rows)
+    if baseline is not None:
+        rows = _with_speedup(rows, baseline[0])
+        specs.append(("speedup.png", "speedup", f"speed-up over {baseline[0]} (x)", f"speed-up over {baseline[1]}", False))
+    elif os.path.exists(os.path.join(out, "speedup.png")):
+        os.remove(os.path.join(out, "speedup.png"))  # an earlier plot of this folder, which these rows do not back
     order = {}
     for r in rows:
         order.setdefault(r["backend"], len(order))
@@ -418,7 +450,7 @@ def write_plots(out, rows, matmul_peak, config):
                                       Line2D([], [], color="black", ls=dash, lw=1))
                 if peaks:
                     ax.set_ylim(0, max(v for _, v in peaks) * 1.08)
-            if metric == "speedup_vs_naive":
+            if metric == "speedup":
                 ax.axhline(1.0, color="black", ls=(0, (2, 2)), lw=0.9, zorder=0.5)
             if logy:
                 ax.set_yscale("log")

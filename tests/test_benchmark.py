@@ -434,7 +434,7 @@ def test_plots_lines_for_a_sweep_bars_for_one_n_legend_outside(tmp_path, monkeyp
 
     monkeypatch.setattr(plt, "close", keep)
     base = dict(rung="anchor", device="cpu", dtype="float32", mode="fwd", causal=False, B=1, H=1, D=16, status="ok",
-                reason="", mem_extra_mb=1.0, speedup_vs_naive=1.0, tflops=0.01)
+                reason="", mem_extra_mb=1.0, speedup_vs_naive=1.0, tflops=0.01, time_ms=1.0)
     sweep = [dict(base, backend=b, Nq=n, Nk=n) for b in ("naive-torch", "sdpa-math") for n in (64, 128)]
     single = [dict(base, backend=b, Nq=64, Nk=64) for b in ("naive-torch", "sdpa-math")]
     cfg = dict(device="cpu", B=1, H=1, D=16)
@@ -443,6 +443,53 @@ def test_plots_lines_for_a_sweep_bars_for_one_n_legend_outside(tmp_path, monkeyp
     assert len(seen) == 6
     assert all(bars == 0 and lines >= 2 and outside for bars, lines, outside in seen[:3]), seen
     assert all(bars == 2 and outside for bars, lines, outside in seen[3:]), seen
+
+
+@pytest.mark.slow  # matplotlib drawing: a few seconds on 2 shared cores
+def test_speedup_plot_over_the_baseline_the_run_has(tmp_path, monkeypatch):
+    """speedup.png divides by naive attention where the run has it, else by FA2 (sdpa-flash): a preset without
+    naive-torch (the hopper one) plotted empty panels before. With neither there is no speed-up plot, a stale one
+    goes, and report.md does not link it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import report
+
+    titles = []
+    real_close = plt.close
+
+    def keep(fig=None):
+        if fig is not None and hasattr(fig, "axes"):
+            titles.append([ax.get_title() for ax in fig.axes if ax.get_visible() and ax.lines])
+        return real_close(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    base = dict(rung="", device="cuda", dtype="float16", mode="fwd", causal=False, B=1, H=1, D=64, status="ok",
+                reason="", mem_extra_mb=1.0, speedup_vs_naive=math.nan, tflops=1.0, spread_pct=1.0)
+    rows = [dict(base, backend=b, Nq=n, Nk=n, time_ms=t * n) for b, t in (("sdpa-flash", 2.0), ("cuda-mma", 1.0))
+            for n in (64, 128)]
+    cfg = dict(device="cuda", B=1, H=1, D=64)
+    out = tmp_path / "fa2"
+    out.mkdir()
+    report.write_plots(str(out), rows, {}, cfg)
+    assert (out / "speedup.png").exists() and report.speedup_baseline(rows)[0] == "sdpa-flash"
+    assert "speed-up over FlashAttention-2" in titles[-1][0]
+    sped = report._with_speedup(rows, "sdpa-flash")
+    assert [r["speedup"] for r in sped] == [1.0, 1.0, 2.0, 2.0]
+    md = report.report_markdown(rows, meta={}, config=dict(cfg, N=[64, 128]), matmul_peak={}, plots=True)
+    assert "speedup.png" in md
+
+    others = [dict(r, backend="cuda-wgmma") for r in rows if r["backend"] == "cuda-mma"]
+    out2 = tmp_path / "none"
+    out2.mkdir()
+    (out2 / "speedup.png").write_bytes(b"stale")
+    report.write_plots(str(out2), others, {}, cfg)
+    assert report.speedup_baseline(others) is None and not (out2 / "speedup.png").exists()
+    assert (out2 / "tflops.png").exists() and (out2 / "memory.png").exists()
+    md = report.report_markdown(others, meta={}, config=dict(cfg, N=[64, 128]), matmul_peak={}, plots=True)
+    assert "speedup.png" not in md and "tflops.png" in md
 
 
 # ------------------------------------------------------------------------------------ presets
