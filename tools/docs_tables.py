@@ -246,6 +246,33 @@ def t_gpu_summary(R, lang):
     return table([H(lang, "backend", "后端"), H(lang, "vs FA2", "相对 FA2"), "TFLOP/s"], rows)
 
 
+H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"
+# the README's order: the fastest of ours first, then the other rungs, then the two references
+GPU_NOW_BACKENDS = (("cuda-wgmma-ws", "TMA producer, ping-pong consumers, persistent", "TMA 生产者、乒乓消费者、常驻网格"),
+                    ("cuda-wgmma", "Hopper `wgmma`, softmax overlapped", "Hopper `wgmma`，softmax 重叠"),
+                    ("triton", "", ""),
+                    ("cuda-mma", "`mma.sync`, FA2's instruction", "`mma.sync`，FA2 的指令"),
+                    ("sdpa-cudnn", "cuDNN, the reference", "cuDNN，参照"),
+                    ("sdpa-flash", "FlashAttention-2, the reference", "FlashAttention-2，参照"))
+
+
+def t_gpu_now(R, lang):
+    """README: every GPU backend on the H200 hopper record at N >= 4096, forward and backward: TFLOP/s, x FA2, x cuDNN."""
+    rows = [r for r in R.json(H200_HOPPER)["rows"] if r["N"] >= 4096]
+    out = []
+    for name, en, zh in GPU_NOW_BACKENDS:
+        cells = [f"`{name}`" + (f" ({en})" if lang != "zh" and en else f"（{zh}）" if zh else "")]
+        for mode in ("fwd", "bwd"):
+            sel = [r["tflops"] for r in rows if r["mode"] == mode]
+            cells += [span([t[name] for t in sel]), span([t[name] / t["sdpa-flash"] for t in sel], f2, "×"),
+                      span([t[name] / t["sdpa-cudnn"] for t in sel], f2, "×")]
+        out.append(cells)
+    header = [H(lang, "backend", "后端"), H(lang, "forward TFLOP/s", "前向 TFLOP/s"), H(lang, "× FA2", "× FA2"),
+              H(lang, "× cuDNN", "× cuDNN"), H(lang, "backward TFLOP/s", "反向 TFLOP/s"), H(lang, "× FA2", "× FA2"),
+              H(lang, "× cuDNN", "× cuDNN")]
+    return table(header, out)
+
+
 def t_cuda_ladder(R, lang):
     """Every row of cuda_ladder.json."""
     rows = []
@@ -1263,6 +1290,7 @@ TABLES = {
     "cpu-memory": t_cpu_memory,
     "cpu-accuracy": t_cpu_accuracy,
     "gpu-summary": t_gpu_summary,
+    "gpu-now": t_gpu_now,
     "h100-seed": t_h100_seed,
     "fa2-forward": t_fa2_forward,
     "cuda-ladder": t_cuda_ladder,
