@@ -1086,6 +1086,24 @@ def test_mma_persistent_ab_refuses_without_a_gpu_or_rounds(tmp_path, capsys, mon
     assert {c[0] for c in ab.CASES} == {64, 96, 128} and ab.NAMES == ("off", "on", "sdpa-flash")
 
 
+def test_ncu_profiles_are_well_formed():
+    """tools/ncu_profile.py: every profile reads through spec() into a known backend, a mode, a dtype, positive sizes
+    and a K/V head count that divides H (the GQA pair included), so that a GPU run does not stop on a bad entry."""
+    from tools import ncu_profile as ncu
+
+    backends = {"cuda-naive", "cuda-tiled", "cuda-mma", "cuda-wgmma", "cuda-wgmma-ws", "triton", "sdpa-flash",
+                "sdpa-cudnn", "flex"}
+    for label in ncu.PROFILES:
+        sp = ncu.spec(label)
+        assert sp["backend"] in backends and sp["mode"] in ("fwd", "bwd"), label
+        assert sp["dtype"] in ("float16", "bfloat16", "float32"), label
+        assert all(isinstance(sp[k], int) and sp[k] > 0 for k in ("B", "H", "N", "D", "kv_heads")), label
+        assert sp["H"] % sp["kv_heads"] == 0 and 0.0 <= sp["dropout_p"] < 1.0, label
+        assert sp["window"] is None or len(sp["window"]) == 2, label
+    assert ncu.spec("sdpa-cudnn-bwd-d128-gqa-causal")["kv_heads"] == 8
+    assert ncu.spec("cuda-mma-fwd-d128")["kv_heads"] == 16 and ncu.spec("cuda-mma-fwd-d128")["window"] is None
+
+
 def test_cold_warm_refuses_bad_options_and_runs_on_a_gpu(tmp_path, capsys):
     """tools/cold_warm.py: bad --cases, --rounds or --backends get argparse's error (exit 2); without a CUDA GPU it
     says so; on a GPU it times a tiny case both ways and writes its table, cold and warm for every backend named."""

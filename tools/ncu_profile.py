@@ -38,8 +38,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# label -> (backend, mode, dtype, B, H, N, D, causal[, dropout_p[, window]]); backend "flex": FlexAttention with the
-# window's block mask (benchmarks.targets.FlexTarget), the window variant's PyTorch alternative
+# label -> (backend, mode, dtype, B, H, N, D, causal[, dropout_p[, window[, kv_heads]]]) (read through ``spec``);
+# backend "flex": FlexAttention with the window's block mask (benchmarks.targets.FlexTarget), the window variant's
+# PyTorch alternative; kv_heads < H: grouped-query attention (SDPA with enable_gqa=True)
 PROFILES = {
     "cuda-naive-fwd-d64": ("cuda-naive", "fwd", "float32", 1, 8, 1024, 64, False),
     "cuda-tiled-fwd-d64": ("cuda-tiled", "fwd", "float32", 1, 8, 1024, 64, False),
@@ -79,7 +80,21 @@ PROFILES = {
     "sdpa-flash-fwd-d128-n1024": ("sdpa-flash", "fwd", "float16", 4, 16, 1024, 128, False),
     "cuda-mma-bwd-d64-n1024": ("cuda-mma", "bwd", "float16", 4, 32, 1024, 64, False),
     "sdpa-flash-bwd-d64-n1024": ("sdpa-flash", "bwd", "float16", 4, 32, 1024, 64, False),
+    # the causal backward beside cuDNN's: B4 H16 N4096 as the hopper preset, and grouped-query attention (Hq = 32,
+    # Hk = 8) at N = 16384 as the variants benchmark, where cuda-wgmma-ws's causal backward trails cuDNN's most
+    "cuda-wgmma-ws-bwd-d128-causal": ("cuda-wgmma-ws", "bwd", "float16", 4, 16, 4096, 128, True),
+    "sdpa-cudnn-bwd-d128-causal": ("sdpa-cudnn", "bwd", "float16", 4, 16, 4096, 128, True),
+    "cuda-wgmma-ws-bwd-d128-gqa-causal": ("cuda-wgmma-ws", "bwd", "float16", 1, 32, 16384, 128, True, 0.0, None, 8),
+    "sdpa-cudnn-bwd-d128-gqa-causal": ("sdpa-cudnn", "bwd", "float16", 1, 32, 16384, 128, True, 0.0, None, 8),
 }
+
+
+def spec(label) -> dict:
+    """PROFILES[label] as a dict, the optional fields filled in: dropout_p 0.0, window None, kv_heads H."""
+    backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
+    rest = list(rest) + [0.0, None, None][len(rest):]
+    return dict(backend=backend, mode=mode, dtype=dtype, B=B, H=H, N=N, D=D, causal=causal, dropout_p=rest[0],
+                window=rest[1], kv_heads=rest[2] if rest[2] is not None else H)
 
 SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables"]
 # raw metrics asked for besides the sections (kept only where this ncu knows them)
@@ -106,13 +121,13 @@ def _call(label):
     from flash_attention_py import make_inputs
     from flash_attention_py.common import attention_flops
 
-    backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
-    p = rest[0] if rest else 0.0  # dropout_p
-    window = rest[1] if len(rest) > 1 else None
+    sp = spec(label)
+    backend, mode, dtype, B, H, N, D, causal = (sp[k] for k in ("backend", "mode", "dtype", "B", "H", "N", "D", "causal"))
+    p, window, Hk = sp["dropout_p"], sp["window"], sp["kv_heads"]
     drop = dict(dropout_p=p, dropout_seed=1234) if p else {}
     if window is not None:
         drop["window_size"] = window
-    x = make_inputs(B, H, N, N, D, dtype=dtype, kind="torch", device="cuda", with_grad=(mode == "bwd"))
+    x = make_inputs(B, H, N, N, D, dtype=dtype, kind="torch", device="cuda", with_grad=(mode == "bwd"), Hk=Hk)
     q, k, v, do = x["q"], x["k"], x["v"], x["do"]
     flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode, window_size=window)
     if backend == "flex":  # the benchmark's own call: torch.compile'd flex_attention, the backward of a kept graph
@@ -143,7 +158,8 @@ def _call(label):
 
         def forward():
             with sdpa_kernel(pin):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=p,
+                                                                        enable_gqa=Hk != H)
 
     if mode == "fwd":
         def fn():
@@ -331,10 +347,9 @@ def main() -> int:
         kernels = [dict(summarise(k), raw={name: value for name, value in k["metrics"].items()
                                            if "__" in name and _num(value) is not None}) for k in parsed]
         total_us = sum(k["time_us"] for k in kernels)
-        backend, mode, dtype, B, H, N, D, causal, *rest = PROFILES[label]
-        entry = {"label": label, "backend": backend, "mode": mode, "dtype": dtype, "B": B, "H": H, "N": N, "D": D,
-                 "causal": causal, "dropout_p": rest[0] if rest else 0.0,
-                 "window": list(rest[1]) if len(rest) > 1 else None, "time_us": total_us,
+        sp = spec(label)
+        entry = {"label": label, **sp, "window": list(sp["window"]) if sp["window"] is not None else None,
+                 "time_us": total_us,
                  "tflops": (flops / (total_us * 1e-6) / 1e12) if flops and total_us else None,
                  "kernels": kernels}
         main_kernel = max(kernels, key=lambda k: k["time_us"]) if kernels else None
