@@ -741,10 +741,9 @@ def compare(row, case, out, reference, inputs):
 
 def add_speedups(rows):
     """speedup_vs_naive = naive-torch's median time / this row's, same device/dtype/mode/causal/sizes."""
-    key = lambda r: (r["device"], r["dtype"], r["mode"], r["causal"], r["B"], r["H"], r["Nq"], r["Nk"], r["D"])  # noqa: E731
-    naive = {key(r): r["time_ms"] for r in rows if r["backend"] == NAIVE and r["status"] == "ok"}
+    naive = {report.case_key(r): r["time_ms"] for r in rows if r["backend"] == NAIVE and r["status"] == "ok"}
     for r in rows:
-        t0 = naive.get(key(r))
+        t0 = naive.get(report.case_key(r))
         if r["status"] == "ok" and t0 is not None and r["time_ms"] > 0:
             r["speedup_vs_naive"] = t0 / r["time_ms"]
 

@@ -324,16 +324,20 @@ def speedup_baseline(rows):
     return next((b for b in SPEEDUP_BASELINES if b[0] in ran), None)
 
 
+def case_key(r):
+    """The case a row measures, whatever the backend: device, dtype, mode, causal, B, H, Nq, Nk and D."""
+    return (r["device"], r["dtype"], r["mode"], r["causal"], r["B"], r["H"], r["Nq"], r["Nk"], r["D"])
+
+
 def _with_speedup(rows, baseline):
-    """Copies of ``rows`` with 'speedup': the baseline's median time over the row's, same device, dtype, mode,
-    causal, B, H, Nq, Nk and D (NaN where the baseline has no such row)."""
-    key = lambda r: (r["device"], r["dtype"], r["mode"], r["causal"], r["B"], r["H"], r["Nq"], r["Nk"], r["D"])  # noqa: E731
-    t0 = {key(r): r["time_ms"] for r in rows if r["backend"] == baseline and r["status"] == "ok" and r.get("time_ms")}
+    """Copies of ``rows`` with 'speedup': the baseline's median time over the row's, in the same case (case_key;
+    NaN where the baseline has no such row)."""
+    t0 = {case_key(r): r["time_ms"] for r in rows if r["backend"] == baseline and r["status"] == "ok" and r.get("time_ms")}
     out = []
     for r in rows:
         t = r.get("time_ms")
-        ok = r["status"] == "ok" and key(r) in t0 and t is not None and t > 0
-        out.append(dict(r, speedup=t0[key(r)] / t if ok else math.nan))
+        ok = r["status"] == "ok" and case_key(r) in t0 and t is not None and t > 0
+        out.append(dict(r, speedup=t0[case_key(r)] / t if ok else math.nan))
     return out
 
 
