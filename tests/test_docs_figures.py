@@ -39,7 +39,7 @@ def _copy(tmp_path):
                     ignore=shutil.ignore_patterns("*.png", "*.log", "cases.jsonl", "results.csv"))
     for log in ("gpu_tests/pytest_harness.log", "gpu_tests/pytest_all_files.log", "triton/gpu_pytest.log",
                 "gpu_tests/h200-full-suite/pytest_harness.log", "gpu_tests/h200-full-suite/pytest_cuda.log",
-                "gpu_tests/h200-full-suite/pytest_gpu_files.log"):
+                "gpu_tests/h200-full-suite/pytest_gpu_files.log", "gpu_tests/h200-full-suite/pytest_three_files.log"):
         shutil.copy(os.path.join(ROOT, "docs", "results", log), root / "docs" / "results" / log)
     return root
 

@@ -1281,6 +1281,48 @@ def ncu_h200_figures(R):
             ("docs/zh/performance.md", zh2)]
 
 
+WS_BWD_DQ_ALONE = "cuda/ws_bwd_dq_alone"  # tools/ws_forward_ab.py --backward, a3ecba4 ("old") against 9cd962a / 3320be4
+
+
+def t_ws_bwd_dq_alone(R, lang):
+    """wgmma_bwd_ws with a warpgroup's wholly hidden tiles given dQ_i's product alone (ws_bwd_dq_alone/): new over
+    old in TFLOP/s (the mean of each checkout's runs), the branch as written and the branch known warp-uniform."""
+    runs = {name: ab_lines(R, f"{WS_BWD_DQ_ALONE}/ab_{name}.txt") for name in ("branch", "uniform")}
+    keys = []
+    for r in runs.values():
+        keys += [k[1:] for k in r if k[0] == "new" and k[1:] not in keys]
+    out = []
+    for dtype, B, Hh, N, D, mask in keys:
+        cells = []
+        for name in ("branch", "uniform"):
+            r = runs[name]
+            new, old = r.get(("new", dtype, B, Hh, N, D, mask)), r.get(("old", dtype, B, Hh, N, D, mask))
+            cells.append(DASH if not new else f"{(sum(new) / len(new)) / (sum(old) / len(old)):.3f}×")
+        out.append([f"B{B} H{Hh}", N, D, H(lang, mask.replace("-", " "), "因果" if mask == "causal" else "非因果"), *cells])
+    header = [H(lang, "shape", "形状"), "N", "D", H(lang, "mask", "掩码"),
+              H(lang, "branch as written: new / old", "按原样分支：新 / 旧"),
+              H(lang, "branch known uniform: new / old", "已知一致的分支：新 / 旧")]
+    return table(header, out, right={1, 2, 4, 5})
+
+
+def ncu_causal_backward_figures(R):
+    """The causal backward beside cuDNN's under the profiler (cuda/ncu-causal-backward/profiles.json), in prose."""
+    prof = {p["label"]: p for p in R.json("cuda/ncu-causal-backward/profiles.json")["profiles"]}
+    k = lambda label: max(prof[label]["kernels"], key=lambda k: k["time_us"])  # noqa: E731
+    pipe = lambda label: f0(k(label)["tensor_pipe_pct"])  # noqa: E731
+    us = lambda label: f0(prof[label]["time_us"])  # noqa: E731
+    ws, cu = "cuda-wgmma-ws-bwd-d128-causal", "sdpa-cudnn-bwd-d128-causal"
+    wg, cg = "cuda-wgmma-ws-bwd-d128-gqa-causal", "sdpa-cudnn-bwd-d128-gqa-causal"
+    ratio = lambda a, b: f"{prof[b]['time_us'] / prof[a]['time_us']:.2f}×"  # noqa: E731
+    en = (f"the causal backward at B4 H16 N4096 takes {us(ws)} µs against cuDNN's {us(cu)} ({ratio(ws, cu)}), the tensor "
+          f"pipe {pipe(ws)} % busy against {pipe(cu)} %; with grouped query heads at N = 16384 {us(wg)} against "
+          f"{us(cg)} µs ({ratio(wg, cg)}), {pipe(wg)} % against {pipe(cg)} %")
+    zh = (f"B4 H16 N4096 的因果反向用 {us(ws)} µs，cuDNN 为 {us(cu)}（{ratio(ws, cu)}），张量管线 {pipe(ws)} % 忙碌，"
+          f"cuDNN 为 {pipe(cu)} %；N = 16384 的分组查询头为 {us(wg)} µs 对 {us(cg)} µs（{ratio(wg, cg)}），"
+          f"{pipe(wg)} % 对 {pipe(cg)} %")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
@@ -1307,6 +1349,8 @@ TABLES = {
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
     "ncu-h200": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-h200/profiles.json"),
+    "ncu-causal-backward": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-causal-backward/profiles.json"),
+    "ws-bwd-dq-alone": t_ws_bwd_dq_alone,
     "cold-l2": t_cold_l2,
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
@@ -1959,7 +2003,7 @@ def prose(R):
     flash16k = bench_row(R, "h100-default", "triton", "float16", 16384)
     harness, all_files = pytest_summary(R, "gpu_tests/pytest_harness.log"), pytest_summary(R, "gpu_tests/pytest_all_files.log")
     tri_log = pytest_summary(R, "triton/gpu_pytest.log")
-    h200 = {k: pytest_summary(R, f"gpu_tests/h200-full-suite/pytest_{k}.log") for k in ("harness", "cuda", "gpu_files")}
+    h200 = {k: pytest_summary(R, f"gpu_tests/h200-full-suite/pytest_{k}.log") for k in ("harness", "cuda", "gpu_files", "three_files")}
     host = launch_overhead(R)
     cuda_host = span([host["flash_attn_cuda kernel=mma"], host["flash_attn_cuda kernel=wgmma"]])
     driver = launch_overhead(R, "cuda/launch_overhead_driver.txt")  # with the direct driver launch
@@ -1981,7 +2025,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
@@ -2025,6 +2069,8 @@ def prose(R):
         ("docs/performance.md", f"the harness {h200['harness'][0]} passed and {h200['harness'][1]} skipped (its "
                                 f"CPU-interpreter cases), the CUDA test files {h200['cuda'][0]} passed, and the other "
                                 f"files with GPU cases {h200['gpu_files'][0]} passed, {h200['gpu_files'][1]} skipped"),
+        ("docs/performance.md", f"commit a3ecba4: {h200['three_files'][0]} passed, {h200['three_files'][1]} skipped (Triton's"),
+        ("docs/zh/performance.md", f"提交 a3ecba4 的干净克隆：{h200['three_files'][0]} 个通过、\n{h200['three_files'][1]} 个跳过"),
         ("docs/performance.md", f"{plans_cuda} µs per forward call on the CUDA rungs and {f0(plans['flash_attn_triton'])} µs "
                                 f"for Triton's, against {f0(plans['sdpa FLASH_ATTENTION (FA2)'])} µs for SDPA's C++ path;\n"
                                 f"`launch_overhead.txt` beside it is the first such run, {cuda_host} and "
