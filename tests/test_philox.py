@@ -74,9 +74,16 @@ try:
         tl.store(u_ptr + idx, triton_philox.philox_uniform(seed, offset), mask=inside)
 
     @triton.jit
-    def _threshold_kernel(t_ptr, p_ptr):
+    def _threshold_kernel(t_ptr, p_ptr):  # one p a program, a scalar, as the kernels call it
         pid = tl.program_id(0)
         tl.store(t_ptr + pid, triton_philox.keep_threshold(tl.load(p_ptr + pid)).to(tl.int64))
+
+    @triton.jit
+    def _threshold_block_kernel(t_ptr, p_ptr, n, BLOCK: tl.constexpr):  # a block of p's: the same steps, elementwise
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = idx < n
+        p = tl.load(p_ptr + idx, mask=inside, other=0.5)
+        tl.store(t_ptr + idx, triton_philox.keep_threshold(p).to(tl.int64), mask=inside)
 
     @triton.jit
     def _keep_kernel(keep_ptr, offsets_ptr, seed, dropout_p, n, BLOCK: tl.constexpr):
@@ -138,11 +145,17 @@ def test_triton_dropout_keep_matches_tl_rand():
 
 @needs_triton
 def test_triton_keep_threshold_is_the_first_kept_fold():
-    """keep_threshold(p) in the Triton kernels: the smallest fold whose uniform is >= p (as fa::keep_test)."""
-    p = _probabilities()[::4].copy()
+    """keep_threshold(p) in the Triton kernels: the smallest fold whose uniform is >= p (as fa::keep_test). Every
+    p in blocks of 1024 (one program a block: the interpreter runs a program's 31 steps in about 40 ms), and a
+    sample of them one a program, with p a scalar as the kernels call it."""
+    p = _probabilities()
     T = torch.empty(len(p), dtype=torch.int64, device=DEVICE)
-    _threshold_kernel[(len(p),)](T, torch.from_numpy(p).to(DEVICE))
+    _threshold_block_kernel[(triton.cdiv(len(p), 1024),)](T, torch.from_numpy(p).to(DEVICE), len(p), BLOCK=1024)
     T = T.cpu().numpy()
+    some = np.arange(0, len(p), 97)
+    T_scalar = torch.empty(len(some), dtype=torch.int64, device=DEVICE)
+    _threshold_kernel[(len(some),)](T_scalar, torch.from_numpy(p[some].copy()).to(DEVICE))
+    assert np.array_equal(T_scalar.cpu().numpy(), T[some])
     assert ((T >= 0) & (T < 2**31)).all()
     assert (philox.uint32_to_uniform(T.astype(np.uint32)) >= p).all()
     below = T > 0
