@@ -11,6 +11,7 @@ Triton's ``tl.rand`` is the definition; the NumPy and torch versions (philox.py)
 * bad seeds, probabilities and offsets raise errors that name the function and the argument.
 """
 import os
+import re
 import shutil
 import subprocess
 
@@ -472,6 +473,56 @@ def test_dropout_tile_shares_philox_exactly(key_rows):
             assert np.array_equal(rows, want), (bh, row0, col0)
         straddled += (~shared).sum()
     assert straddled > 0  # the score-by-score path ran
+
+
+# tools/philox_floor.py: the keep decisions alone, dropout's floor. Its kernels of the rule must keep exactly the
+# scores NumPy keeps (every form, tile width and register budget), and its FA2-rate kernel about 1 - p of them.
+def _philox_floor():
+    import importlib.util
+    path = os.path.join(os.path.dirname(KERNEL_DIR), os.pardir, "tools", "philox_floor.py")
+    spec = importlib.util.spec_from_file_location("philox_floor", os.path.normpath(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_nvcc_compiles_philox_floor(tmp_path):
+    if NVCC is None:
+        pytest.skip("nvcc not found (set NVCC or put it on PATH)")
+    src = tmp_path / "philox_floor.cu"
+    src.write_text(_philox_floor().nvcc_source())
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "philox_floor.cubin"), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}{res.stderr}"
+
+
+@pytest.mark.parametrize("argv,match", [(["--out", "x", "--shapes", "4x32x4096"], "expected BxHxNxD"),
+                                        (["--out", "x", "--shapes", "1x1x100x64"], "N a multiple of 128"),
+                                        (["--out", "x", "--p", "1.0"], r"--p: expected a dropout probability"),
+                                        (["--out", "x", "--rounds", "0"], "--rounds: expected at least 1"),
+                                        ([], "--out is required")])
+def test_philox_floor_refuses_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _philox_floor().main(argv)
+    assert exc.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+@pytest.mark.gpu
+def test_philox_floor_kernels_keep_what_numpy_keeps():
+    cupy = pytest.importorskip("cupy")
+    if not cupy.cuda.is_available():
+        pytest.skip("no CUDA GPU: cupy.cuda.is_available() is False")
+    pf = _philox_floor()
+    floor = pf.Floor()
+    BH, N, p, seed = 3, 256, 0.17, 2**33 + 7
+    want = sum(int(philox.keep_mask(seed, p, 0, h, np.arange(N), np.arange(N), BH, N, N).sum()) for h in range(BH))
+    counts = {key: floor.count(key, BH, N, p, seed) for key in pf.NAMES}
+    for key, kept in counts.items():
+        if key[0] != "fa2-rate":
+            assert kept == want, f"{pf.NAMES[key]} kept {kept}, NumPy {want}"
+    assert pf.check_counts(counts, BH * N * N, p) == []
 
 
 # ---------------------------------------------------------------------------------------------------- (d)
