@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import glob
+import csv
 import json
 import os
 import re
@@ -1323,6 +1324,114 @@ def ncu_causal_backward_figures(R):
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
 
 
+PHILOX_FLOOR = "cuda/philox_floor"  # python tools/philox_floor.py --out results/philox_floor, and ncu over its kernels
+
+
+def _philox_floor_ncu(R):
+    """{kernel: {metric: value}} from the floor kernels' Nsight Compute CSVs (ncu_floor.csv, ncu_floor_inst.csv)."""
+    out = {}
+    for name in ("ncu_floor.csv", "ncu_floor_inst.csv"):
+        lines = [ln for ln in R.text(f"{PHILOX_FLOOR}/{name}").splitlines() if ln.startswith('"')]
+        rows = list(csv.reader(lines))
+        col = {c: i for i, c in enumerate(rows[0])}
+        for r in rows[1:]:
+            kernel = r[col["Kernel Name"]].split("(")[0].removeprefix("void ").strip()
+            out.setdefault(kernel, {})[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", ""))
+    return out
+
+
+def t_philox_floor(R, lang):
+    """Dropout's floor (cuda/philox_floor/philox_floor.json): the keep decisions alone in the rule's two forms and at
+    FlashAttention-2's rate, beside the best SDPA kernel with dropout and ours, and what the floor leaves within reach."""
+    out = []
+    for e in R.json(f"{PHILOX_FLOOR}/philox_floor.json")["summary"]:
+        for mode in ("fwd", "bwd"):
+            m = e[mode]
+            out.append([f"B{e['B']} H{e['H']} D{e['D']}", H(lang, {"fwd": "forward", "bwd": "backward"}[mode],
+                                                            {"fwd": "前向", "bwd": "反向"}[mode]),
+                        f"{e['floor_ms']['rule']:.2f}", f"{e['floor_ms']['score-by-score']:.2f}",
+                        f"{e['floor_ms']['fa2-rate']:.2f}", f"{m['best_alternative_ms']:.2f} ({m['best_alternative']})",
+                        f"{m['ours_ms']['cuda-wgmma-ws']:.2f}", f"{m['ours_ms']['triton']:.2f}", f"{m['reach']:.2f}×"])
+    header = [H(lang, "shape (N 4096)", "形状（N 4096）"), H(lang, "pass", "方向"),
+              H(lang, "the rule alone (ms)", "仅规则（ms）"), H(lang, "score by score (ms)", "逐分数（ms）"),
+              H(lang, "FA2's rate (ms)", "FA2 的速率（ms）"),
+              H(lang, "best SDPA with dropout (ms)", "带 dropout 的最佳 SDPA（ms）"),
+              "cuda-wgmma-ws (ms)", "triton (ms)",
+              H(lang, "most within reach: SDPA / the rule alone", "上限：SDPA / 仅规则")]
+    return table(header, out, right={2, 3, 4, 5, 6, 7, 8})
+
+
+def t_philox_floor_ncu(R, lang):
+    """The floor kernels under Nsight Compute (B4 H32 N4096, 2^31 scores): registers, warps, the FMA-heavy pipe (the
+    integer multiplies), the issue slots, and FMA-heavy instructions a score."""
+    prof = _philox_floor_ncu(R)
+    scores = 4 * 32 * 4096 * 4096
+    out = []
+    for kernel, m in prof.items():
+        out.append([f"`{kernel}`", f0(m["launch__registers_per_thread"]),
+                    f0(m["sm__warps_active.avg.pct_of_peak_sustained_active"]),
+                    f0(m["sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active"]),
+                    f0(m["sm__inst_issued.avg.pct_of_peak_sustained_active"]),
+                    f"{m['sm__inst_executed_pipe_fmaheavy.sum'] * 32 / scores:.1f}",
+                    f"{m['gpu__time_duration.sum'] / 1e6:.2f}"])
+    header = [H(lang, "kernel", "kernel"), H(lang, "registers", "寄存器"),
+              H(lang, "warps active %", "活跃 warp %"), H(lang, "FMA-heavy pipe %", "FMA-heavy 管线 %"),
+              H(lang, "issue slots %", "发射槽 %"), H(lang, "FMA-heavy instructions a score", "每个分数的 FMA-heavy 指令"),
+              H(lang, "time (ms)", "时间（ms）")]
+    return table(header, out, right={1, 2, 3, 4, 5, 6})
+
+
+def philox_floor_figures(R):
+    """The floor's figures quoted in prose (performance.md §9, en and zh)."""
+    summ = R.json(f"{PHILOX_FLOOR}/philox_floor.json")["summary"]
+    prof = _philox_floor_ncu(R)
+    rule = [m for k, m in prof.items() if k.startswith("keep_rule")]
+    pipe = span([m["sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active"] for m in rule])
+    fwd = {e["D"]: e["fwd"]["reach"] for e in summ}
+    bwd = {e["D"]: e["bwd"]["reach"] for e in summ}
+    d64 = next(e for e in summ if e["D"] == 64)
+    over = [e["fwd"]["ours_ms"]["cuda-wgmma-ws"] / e["floor_ms"]["rule"] for e in summ]
+    en = (f"the rule's keep decisions alone take {d64['floor_ms']['rule']:.2f} ms at B4 H32 N4096 (D does not enter), "
+          f"where SDPA's whole forward with dropout takes {d64['fwd']['best_alternative_ms']:.2f}: no forward under the "
+          f"rule can reach more than {fwd[64]:.2f}× SDPA at D = 64 and {fwd[128]:.2f}× at D = 128, nor a backward more "
+          f"than {bwd[64]:.2f}× and {bwd[128]:.2f}×")
+    zh = (f"仅规则的保留判定在 B4 H32 N4096 就要 {d64['floor_ms']['rule']:.2f} ms（与 D 无关），而 SDPA 带 dropout "
+          f"的整个前向只要 {d64['fwd']['best_alternative_ms']:.2f} ms：遵循该规则的前向在 D = 64 最多达到 SDPA 的 "
+          f"{fwd[64]:.2f}×，D = 128 最多 {fwd[128]:.2f}×；反向最多 {bwd[64]:.2f}× 和 {bwd[128]:.2f}×")
+    en2 = f"the FMA-heavy pipe is {pipe} % busy in the rule's kernels"
+    zh2 = f"规则的各 kernel 中 FMA-heavy 管线忙碌 {pipe} %"
+    en3 = f"cuda-wgmma-ws's forward with dropout takes {span(over, f2, '×')} the floor's time"
+    zh3 = f"cuda-wgmma-ws 带 dropout 的前向耗时为下限的 {span(over, f2, '×')}"
+    floors = R.json(f"{PHILOX_FLOOR}/philox_floor.json")["floors"]
+    kept = {f["kept"] for f in floors if f["form"] != "fa2-rate" and (f["H"], f["D"]) == (32, 64)}
+    assert len(kept) == 1, kept  # every kernel of the rule keeps the same scores
+    kept = f"{kept.pop():,}".replace(",", " ")
+    en4 = f"({kept} of 2^31 at B4 H32)"
+    zh4 = f"（B4 H32 下 2^31 个中保留 {kept} 个）"
+    fa2 = d64["floor_ms"]["rule"] / d64["floor_ms"]["fa2-rate"]
+    en5 = (f"FA2's rate draws as many scores' decisions {fa2:.1f} times faster ({d64['floor_ms']['fa2-rate']:.2f} against "
+           f"{d64['floor_ms']['rule']:.2f} ms)")
+    zh5 = (f"FA2 的速率为同样数量的分数做判定要快 {fa2:.1f} 倍（{d64['floor_ms']['fa2-rate']:.2f} 对 "
+           f"{d64['floor_ms']['rule']:.2f} ms）")
+    hop = R.bench("h200-hopper")["results"]
+
+    def plain(e):  # cuda-wgmma-ws's forward without dropout at the floor's shape, in the H200 hopper record
+        return next(r["time_ms"] for r in hop if r["backend"] == "cuda-wgmma-ws" and r["dtype"] == "float16"
+                    and r["mode"] == "fwd" and not r["causal"] and (r["B"], r["H"], r["Nq"], r["D"]) ==
+                    (e["B"], e["H"], e["N"], e["D"]))
+    a, b = summ
+    sums = " and ".join(f"{e['fwd']['ours_ms']['cuda-wgmma-ws']:.2f} against {e['floor_ms']['rule']:.2f} + "
+                        f"{plain(e):.2f} ms at D = {e['D']}" for e in (a, b))
+    sums_zh = "，".join(f"D = {e['D']} 时为 {e['fwd']['ours_ms']['cuda-wgmma-ws']:.2f} 对 {e['floor_ms']['rule']:.2f} + "
+                       f"{plain(e):.2f} ms" for e in (a, b))
+    en6 = f"more than the floor and its own forward without dropout added together ({sums}"
+    zh6 = f"比下限与它自己不带 dropout 的前向之和还多（{sums_zh}"
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/performance.md", en2),
+            ("docs/zh/performance.md", zh2), ("docs/performance.md", en3), ("docs/zh/performance.md", zh3),
+            ("docs/performance.md", en4), ("docs/zh/performance.md", zh4), ("docs/performance.md", en5),
+            ("docs/zh/performance.md", zh5), ("docs/performance.md", en6), ("docs/zh/performance.md", zh6)]
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
@@ -1351,6 +1460,8 @@ TABLES = {
     "ncu-h200": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-h200/profiles.json"),
     "ncu-causal-backward": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-causal-backward/profiles.json"),
     "ws-bwd-dq-alone": t_ws_bwd_dq_alone,
+    "philox-floor": t_philox_floor,
+    "philox-floor-ncu": t_philox_floor_ncu,
     "cold-l2": t_cold_l2,
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
@@ -2025,7 +2136,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + philox_floor_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),
