@@ -389,12 +389,12 @@ def test_cuda_header_on_gpu_matches_numpy():
 
 
 # One warp's DropoutTile (fragments.cuh): the Philox work its scores share, against Dropout::scale score by score,
-# and dropout_rows (the forwards') on a tile of ones, both layouts; the tile is NT = 4 accumulator tiles wide.
+# and dropout_rows (the forwards') on a tile of ones, both layouts; the tile is NT = 4 accumulator tiles wide, or 16
+# (the Hopper forwards' 128 keys: dropout_rows draws it in four groups).
 TILE_PROBE = r"""
-template <bool KEY_ROWS>
+template <bool KEY_ROWS, int NT>
 __global__ void dropout_tile_probe(float* z_tile, float* z_each, float* rows, int* shared, long long bh, int Nq,
                                    int Nk, int row0, int col0, unsigned long long seed, float p) {
-    constexpr int NT = 4;
     const int lane = threadIdx.x;
     const frag::Dropout dp = frag::make_dropout(p, static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32), bh,
                                                 Nq, Nk);
@@ -415,7 +415,8 @@ __global__ void dropout_tile_probe(float* z_tile, float* z_each, float* rows, in
     shared[lane] = tile.shared;
 }
 """
-TILE_NAMES = ["dropout_tile_probe<false>", "dropout_tile_probe<true>"]
+TILE_NAMES = {(False, 4): "dropout_tile_probe<false, 4>", (True, 4): "dropout_tile_probe<true, 4>",
+              (False, 16): "dropout_tile_probe<false, 16>"}
 
 
 def _tile_probe_source():
@@ -429,23 +430,24 @@ def test_nvcc_compiles_dropout_tile_probe(tmp_path):
     src = tmp_path / "tile_probe.cu"
     src.write_text(_tile_probe_source() + "".join(
         f"template __global__ void {n[:n.index('<')]}<{n[n.index('<') + 1:-1]}>(float*, float*, float*, int*, "
-        "long long, int, int, int, int, unsigned long long, float);\n" for n in TILE_NAMES))
+        "long long, int, int, int, int, unsigned long long, float);\n" for n in TILE_NAMES.values()))
     cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "tile_probe.cubin"), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}{res.stderr}"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key_rows", [False, True])
-def test_dropout_tile_shares_philox_exactly(key_rows):
+@pytest.mark.parametrize("key_rows,NT", list(TILE_NAMES))
+def test_dropout_tile_shares_philox_exactly(key_rows, NT):
     """Tiles around offset 2**32 (some threads' offsets straddle it: they take the score-by-score path), far past
     it and near 0: every kept or dropped score is philox_uniform's, the shared form's included."""
     cupy = pytest.importorskip("cupy")
     if not cupy.cuda.is_available():
         pytest.skip("no CUDA GPU: cupy.cuda.is_available() is False")
-    module = cupy.RawModule(code=_tile_probe_source(), options=("--std=c++17",), name_expressions=TILE_NAMES)
-    kernel = module.get_function(TILE_NAMES[key_rows])
-    NT, Nq, Nk, seed = 4, 1000, 1000, 2**33 + 99
+    module = cupy.RawModule(code=_tile_probe_source(), options=("--std=c++17",),
+                            name_expressions=list(TILE_NAMES.values()))
+    kernel = module.get_function(TILE_NAMES[(key_rows, NT)])
+    Nq, Nk, seed = 1000, 1000, 2**33 + 99
     lane, n, e = np.meshgrid(np.arange(32), np.arange(NT), np.arange(4), indexing="ij")
     straddled = 0
     # bh = 4294: offset 2**32 is (i, j) = (967, 296); tiles across it, one far past 2**32, one near 0
