@@ -1432,6 +1432,54 @@ def philox_floor_figures(R):
             ("docs/zh/performance.md", zh5), ("docs/performance.md", en6), ("docs/zh/performance.md", zh6)]
 
 
+DROPOUT_GROUPED = "cuda/dropout_grouped_mask"  # tools/ws_forward_ab.py --dropout 0.1, 37ec437 (new) and b0a2a49 (old)
+DROPOUT_GROUPED_RUNS = ["cuda-wgmma-ws"] * 4 + ["cuda-wgmma"] * 2 + ["cuda-mma"] * 2  # the log's runs in order
+
+
+def _dropout_grouped(R):
+    """{(backend, D, mask): {"new" or "old": [ms per run]}} of the grouped-mask A/B (its runs four lines each, in the
+    order of DROPOUT_GROUPED_RUNS)."""
+    lines = [ln.split() for ln in R.text(f"{DROPOUT_GROUPED}/ab_dropout_forward.txt").splitlines()]
+    lines = [f for f in lines if len(f) == 11 and f[1] == "fwd"]
+    assert len(lines) == 4 * len(DROPOUT_GROUPED_RUNS), len(lines)
+    out = {}
+    for k, f in enumerate(lines):
+        out.setdefault((DROPOUT_GROUPED_RUNS[k // 4], int(f[6]), f[7]), {}).setdefault(f[0], []).append(float(f[9]))
+    return out
+
+
+def t_dropout_grouped_mask(R, lang):
+    """The forwards with dropout drawing their keep decisions straight into P (old, b0a2a49) and four accumulator tiles
+    at a time into a bit mask (new, 37ec437): the median of each checkout's runs, old over new."""
+    out = []
+    for (backend, D, mask), runs in _dropout_grouped(R).items():
+        old, new = (statistics.median(runs[k]) for k in ("old", "new"))
+        out.append([backend, f"{'B4 H32' if D == 64 else 'B4 H16'} D{D}",
+                    H(lang, "causal", "因果") if mask == "causal" else H(lang, "not causal", "非因果"),
+                    f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
+    header = [H(lang, "kernels", "内核"), H(lang, "shape (N 4096)", "形状（N 4096）"), H(lang, "mask", "掩码"),
+              H(lang, "straight into P (ms)", "直接乘进 P（ms）"), H(lang, "grouped bit mask (ms)", "分组位掩码（ms）"),
+              H(lang, "speed-up", "加速")]
+    return table(header, out, right={3, 4, 5})
+
+
+def dropout_grouped_figures(R):
+    """The grouped mask's figures in prose: spill bytes before and after, and its speed-up span."""
+    spills = {}
+    for line in R.text(f"{DROPOUT_GROUPED}/registers.txt").splitlines():
+        f = [x.strip() for x in line.split("|")]
+        if len(f) == 4 and f[1].startswith("wgmma_ws_fwd<") and ", false, true," in f[1]:
+            D = int(f[1][len("wgmma_ws_fwd<"):].split(",")[0])
+            spills[D] = (f[2].split(", ")[1].split("/")[0], f[3].split(", ")[1].split("/")[0])
+    ups = [statistics.median(r["old"]) / statistics.median(r["new"]) for r in _dropout_grouped(R).values()]
+    en = (f"the wgmma-ws forward with dropout spills {spills[64][1]} bytes a thread instead of {spills[64][0]} at D = 64 "
+          f"and {spills[128][1]} instead of {spills[128][0]} at D = 128, and runs at {span(ups, lambda x: f'{x:.2f}')}× "
+          "the kernels as they are")
+    zh = (f"带 dropout 的 wgmma-ws 前向在 D = 64 每线程溢出 {spills[64][1]} 字节（原为 {spills[64][0]}），D = 128 溢出 "
+          f"{spills[128][1]} 字节（原为 {spills[128][0]}），速度为现有 kernel 的 {span(ups, lambda x: f'{x:.2f}')}×")
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+
+
 TABLES = {
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
@@ -1462,6 +1510,7 @@ TABLES = {
     "ws-bwd-dq-alone": t_ws_bwd_dq_alone,
     "philox-floor": t_philox_floor,
     "philox-floor-ncu": t_philox_floor_ncu,
+    "dropout-grouped-mask": t_dropout_grouped_mask,
     "cold-l2": t_cold_l2,
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,
@@ -2136,7 +2185,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + philox_floor_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + philox_floor_figures(R) + dropout_grouped_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),

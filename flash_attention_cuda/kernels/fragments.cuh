@@ -527,41 +527,19 @@ struct DropoutTile {
 };
 
 // P_ij *= Z_ij / (1 - p) on the warp's 16 x 8NT accumulator of rows row0 .. row0 + 15, keys col0 .. col0 + 8NT - 1
-// (after the online softmax: l_i and lse are those of P before dropout). The shared form draws the keep decisions of
-// GROUP accumulator tiles at a time into a mask of bits, in a loop the compiler keeps rolled, and scales P from the
-// mask after: the evaluations in flight at once are one group's, whose registers fit beside S_ij, P_ij and acc. (Drawn
-// straight into P, all 4 NT of a thread's evaluations were interleaved, and the wgmma-ws forward spilled 220 bytes a
-// thread at D = 64 and 412 at D = 128.)
+// (after the online softmax: l_i and lse are those of P before dropout). The compiler interleaves all 4 NT of a
+// thread's evaluations here, and the wgmma forwards spill for it (220-412 bytes a thread in wgmma-ws at D = 64-128).
+// Drawing four accumulator tiles at a time into a bit mask, in a loop kept rolled, removes most of the spills and was
+// still slower, 0.92-1.03x (docs/results/cuda/dropout_grouped_mask/): the chains side by side hide each other's
+// latency, and that is worth more than the spills cost.
 template <int NT>
 __device__ __forceinline__ void dropout_rows(float (&P)[NT][4], const Dropout& dp, int row0, int col0) {
     const DropoutTile<false, NT> tile(dp, row0, col0);
     if (tile.shared) {
-        constexpr int GROUP = NT % 4 == 0 ? 4 : NT % 2 == 0 ? 2 : 1;  // accumulator tiles a group: 16 scores a thread
-        constexpr int WORDS = (NT + 7) / 8;  // the mask: bit 4 (n % 8) + e of keep[n / 8] = score (n, e) kept
-        constexpr unsigned long long A = fa::PHILOX_ROUND_A;
-        unsigned keep[WORDS] = {};
-        unsigned long long a_group = tile.a_lo(0, 0);  // A * lo at the group's first score, (n, e) = (GROUP g, 0)
-#pragma unroll 1
-        for (int g = 0; g < NT / GROUP; ++g) {
-            unsigned bits = 0;
-#pragma unroll
-            for (int n = 0; n < GROUP; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {  // A * lo of (GROUP g + n, e) = a_group + a_lo(n, e) - a_lo(0, 0)
-                    const unsigned long long a_lo =
-                        a_group + ((e >> 1) ? 8 * tile.a_nk : 0ull) + static_cast<unsigned long long>(8 * n + (e & 1)) * A;
-                    bits |= static_cast<unsigned>(dp.keep.keeps(fa::philox_finish(dp.seed_lo, dp.seed_hi, tile.high,
-                                                                                  a_lo))) << (4 * n + e);
-                }
-#pragma unroll
-            for (int w = 0; w < WORDS; ++w)  // (an array indexed by g would live in local memory)
-                if (w == 4 * GROUP * g / 32) keep[w] |= bits << (4 * GROUP * g % 32);
-            a_group += static_cast<unsigned long long>(8 * GROUP) * A;  // GROUP tiles of 8 keys further
-        }
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) P[n][e] *= (keep[n / 8] >> (4 * (n % 8) + e)) & 1u ? dp.inv_keep : 0.0f;
+            for (int e = 0; e < 4; ++e) P[n][e] *= dp.scale(tile.high, tile.a_lo(n, e));
     } else {
 #pragma unroll
         for (int n = 0; n < NT; ++n)
