@@ -1434,37 +1434,50 @@ def philox_floor_figures(R):
 
 DROPOUT_GROUPED = "cuda/dropout_grouped_mask"  # tools/ws_forward_ab.py --dropout 0.1, 37ec437 (new) and b0a2a49 (old)
 DROPOUT_GROUPED_RUNS = ["cuda-wgmma-ws"] * 4 + ["cuda-wgmma"] * 2 + ["cuda-mma"] * 2  # the log's runs in order
+DROPOUT_BITS = "cuda/dropout_bits_before_wait"  # the same, 1823eae (new) and 2082c72 (old), wgmma-ws alone
 
 
-def _dropout_grouped(R):
-    """{(backend, D, mask): {"new" or "old": [ms per run]}} of the grouped-mask A/B (its runs four lines each, in the
-    order of DROPOUT_GROUPED_RUNS)."""
-    lines = [ln.split() for ln in R.text(f"{DROPOUT_GROUPED}/ab_dropout_forward.txt").splitlines()]
+def _dropout_grouped(R, folder=DROPOUT_GROUPED, runs=DROPOUT_GROUPED_RUNS):
+    """{(backend, D, mask): {"new" or "old": [ms per run]}} of a dropout forward A/B log (its runs four lines each,
+    their backends in the order of ``runs``)."""
+    lines = [ln.split() for ln in R.text(f"{folder}/ab_dropout_forward.txt").splitlines()]
     lines = [f for f in lines if len(f) == 11 and f[1] == "fwd"]
-    assert len(lines) == 4 * len(DROPOUT_GROUPED_RUNS), len(lines)
+    assert len(lines) == 4 * len(runs), len(lines)
     out = {}
     for k, f in enumerate(lines):
-        out.setdefault((DROPOUT_GROUPED_RUNS[k // 4], int(f[6]), f[7]), {}).setdefault(f[0], []).append(float(f[9]))
+        out.setdefault((runs[k // 4], int(f[6]), f[7]), {}).setdefault(f[0], []).append(float(f[9]))
     return out
 
 
-def t_dropout_grouped_mask(R, lang):
-    """The forwards with dropout drawing their keep decisions straight into P (old, b0a2a49) and four accumulator tiles
-    at a time into a bit mask (new, 37ec437): the median of each checkout's runs, old over new."""
+def _dropout_ab_table(R, lang, ab, now):
+    """Rows of an A/B of the forwards with dropout (from _dropout_grouped): old and new median ms, old over new."""
     out = []
-    for (backend, D, mask), runs in _dropout_grouped(R).items():
+    for (backend, D, mask), runs in ab.items():
         old, new = (statistics.median(runs[k]) for k in ("old", "new"))
         out.append([backend, f"{'B4 H32' if D == 64 else 'B4 H16'} D{D}",
                     H(lang, "causal", "因果") if mask == "causal" else H(lang, "not causal", "非因果"),
                     f"{old:.3f}", f"{new:.3f}", f"{old / new:.3f}×"])
     header = [H(lang, "kernels", "内核"), H(lang, "shape (N 4096)", "形状（N 4096）"), H(lang, "mask", "掩码"),
-              H(lang, "straight into P (ms)", "直接乘进 P（ms）"), H(lang, "grouped bit mask (ms)", "分组位掩码（ms）"),
-              H(lang, "speed-up", "加速")]
+              H(lang, "as they are (ms)", "现有（ms）"), now, H(lang, "speed-up", "加速")]
     return table(header, out, right={3, 4, 5})
 
 
+def t_dropout_bits_before_wait(R, lang):
+    """wgmma-ws's forward drawing its keep decisions as bits while S_ij is computed (new, 1823eae) against the kernel
+    as it is (old, 2082c72)."""
+    return _dropout_ab_table(R, lang, _dropout_grouped(R, DROPOUT_BITS, ["cuda-wgmma-ws"] * 4),
+                             H(lang, "drawn beside S_ij (ms)", "与 S_ij 并行抽取（ms）"))
+
+
+def t_dropout_grouped_mask(R, lang):
+    """The forwards with dropout drawing their keep decisions straight into P (old, b0a2a49) and four accumulator tiles
+    at a time into a bit mask (new, 37ec437): the median of each checkout's runs, old over new."""
+    return _dropout_ab_table(R, lang, _dropout_grouped(R), H(lang, "grouped bit mask (ms)", "分组位掩码（ms）"))
+
+
 def dropout_grouped_figures(R):
-    """The grouped mask's figures in prose: spill bytes before and after, and its speed-up span."""
+    """The figures in prose of the two dropout forward experiments: the grouped mask's spill bytes before and after and
+    speed-up span, and the bits drawn beside S_ij's speed-up span."""
     spills = {}
     for line in R.text(f"{DROPOUT_GROUPED}/registers.txt").splitlines():
         f = [x.strip() for x in line.split("|")]
@@ -1477,7 +1490,12 @@ def dropout_grouped_figures(R):
           "the kernels as they are")
     zh = (f"带 dropout 的 wgmma-ws 前向在 D = 64 每线程溢出 {spills[64][1]} 字节（原为 {spills[64][0]}），D = 128 溢出 "
           f"{spills[128][1]} 字节（原为 {spills[128][0]}），速度为现有 kernel 的 {span(ups, lambda x: f'{x:.2f}')}×")
-    return [("docs/performance.md", en), ("docs/zh/performance.md", zh)]
+    bits = [statistics.median(r["old"]) / statistics.median(r["new"]) for r in
+            _dropout_grouped(R, DROPOUT_BITS, ["cuda-wgmma-ws"] * 4).values()]
+    en2 = f"ran at {span(bits, lambda x: f'{x:.2f}')}× the kernel as it is"
+    zh2 = f"速度为现有 kernel 的 {span(bits, lambda x: f'{x:.2f}')}×"
+    return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/performance.md", en2),
+            ("docs/zh/performance.md", zh2)]
 
 
 TABLES = {
@@ -1511,6 +1529,7 @@ TABLES = {
     "philox-floor": t_philox_floor,
     "philox-floor-ncu": t_philox_floor_ncu,
     "dropout-grouped-mask": t_dropout_grouped_mask,
+    "dropout-bits-before-wait": t_dropout_bits_before_wait,
     "cold-l2": t_cold_l2,
     "forward-kernels": t_forward_kernels,
     "forward-persistent": t_forward_persistent,

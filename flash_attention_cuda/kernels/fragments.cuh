@@ -478,13 +478,6 @@ struct Dropout {
     __device__ __forceinline__ float scale(fa::PhiloxHigh high, unsigned long long a_lo) const {
         return keep.keeps(fa::philox_finish(seed_lo, seed_hi, high, a_lo)) ? inv_keep : 0.0f;
     }
-    // is score (i, j) of this head kept? (the two forms of scale, as a bit)
-    __device__ __forceinline__ unsigned kept(int i, int j) const {
-        return keep.keeps(fa::philox_word(seed_lo, seed_hi, fa::dropout_offset(bh, i, j, Nq, Nk)));
-    }
-    __device__ __forceinline__ unsigned kept(fa::PhiloxHigh high, unsigned long long a_lo) const {
-        return keep.keeps(fa::philox_finish(seed_lo, seed_hi, high, a_lo));
-    }
 };
 __device__ __forceinline__ Dropout make_dropout(float p, unsigned seed_lo, unsigned seed_hi, long long bh, int Nq,
                                                 int Nk) {
@@ -553,40 +546,6 @@ __device__ __forceinline__ void dropout_rows(float (&P)[NT][4], const Dropout& d
 #pragma unroll
             for (int e = 0; e < 4; ++e) P[n][e] *= dp.scale(row0 + acc_row(e), col0 + acc_col(n, e));
     }
-}
-
-// The keep decisions of dropout_rows' tile as bits (bit 4 (n % 8) + e of w[n / 8]: score (n, e) kept), drawn before
-// S_ij is known: they depend only on where the scores are, so a kernel can draw them while the tensor cores compute
-// S_ij, and scale P with apply_keep once the softmax is done.
-template <int NT>
-struct KeepBits {
-    unsigned w[(NT + 7) / 8];
-};
-template <int NT>
-__device__ __forceinline__ KeepBits<NT> keep_bits(const Dropout& dp, int row0, int col0) {
-    const DropoutTile<false, NT> tile(dp, row0, col0);
-    KeepBits<NT> k{};
-    if (tile.shared) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) k.w[n / 8] |= dp.kept(tile.high, tile.a_lo(n, e)) << (4 * (n % 8) + e);
-    } else {
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                k.w[n / 8] |= dp.kept(row0 + acc_row(e), col0 + acc_col(n, e)) << (4 * (n % 8) + e);
-    }
-    return k;
-}
-// P_ij *= Z_ij / (1 - p) from keep_bits' mask
-template <int NT>
-__device__ __forceinline__ void apply_keep(float (&P)[NT][4], const KeepBits<NT>& k, float inv_keep) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) P[n][e] *= (k.w[n / 8] >> (4 * (n % 8) + e)) & 1u ? inv_keep : 0.0f;
 }
 
 }  // namespace frag

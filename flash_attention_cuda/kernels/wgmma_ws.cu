@@ -249,8 +249,6 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             wgmma_fence();
             issue_abt<D, Br, Bc, BF16>(s, sQ_wg, k_tile(g));  // S_i0 = Qi K_0^T
             tma::named_arrive(next_turn, 256);
-            [[maybe_unused]] frag::KeepBits<Bc / 8> kb;  // dropout's keep decisions, drawn while S_ij is computed
-            if constexpr (DROPOUT) kb = frag::keep_bits<Bc / 8>(dp, row0, kv0);
             wgmma_wait<0>();
             pin(s);
             if (lane0) tma::mbar_arrive(k_empty(g));
@@ -258,7 +256,7 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
             bool rescale =
                 frag::online_softmax<Bc / 8, LAZY_RESCALE>(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i, l_i, alpha,
                                                            sc.scale_log2, rk, 0);
-            if constexpr (DROPOUT) frag::apply_keep(reinterpret_cast<float (&)[Bc / 8][4]>(s), kb, dp.inv_keep);
+            if constexpr (DROPOUT) frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0);
             frag::pack_a<Bc / 8, BF16>(pf, reinterpret_cast<float (&)[Bc / 8][4]>(s));
 
             for (int j = 0; j + 1 < n_tiles; ++j, ++g) {  // K_g+1 = K_j+1, V_g = V_j
@@ -276,13 +274,15 @@ __global__ void __launch_bounds__((CWG + 1) * 128, 1)
                 }
                 issue_ab<D, Bc, BF16>(acc, pf, v_tile(g));            // acc += P_ij Vj
                 tma::named_arrive(next_turn, 256);                    // the next warpgroup's turn
-                if constexpr (DROPOUT) kb = frag::keep_bits<Bc / 8>(dp, row0, kv0 + (j + 1) * Bc);  // beside S_i,j+1
                 wgmma_wait<1>();  // S_i,j+1 is done (P_ij Vj may still run): its softmax overlaps P_ij Vj
                 pin(s);
                 if (lane0) tma::mbar_arrive(k_empty(g + 1));
                 rescale = frag::online_softmax<Bc / 8, LAZY_RESCALE>(reinterpret_cast<float (&)[Bc / 8][4]>(s), m_i,
                                                                      l_i, alpha, sc.scale_log2, rk, (j + 1) * Bc);
-                if constexpr (DROPOUT) frag::apply_keep(reinterpret_cast<float (&)[Bc / 8][4]>(s), kb, dp.inv_keep);
+                // (the keep decisions depend only on where the scores are; drawn as bits before wgmma_wait<1>, while
+                // S_i,j+1 is computed, the forward ran at 0.93-0.97x: docs/results/cuda/dropout_bits_before_wait/)
+                if constexpr (DROPOUT)
+                    frag::dropout_rows(reinterpret_cast<float (&)[Bc / 8][4]>(s), dp, row0, kv0 + (j + 1) * Bc);
                 wgmma_wait<0>();  // P_ij Vj is done: acc and pf are ours again, V_j's slot is free
                 pin(acc);
                 pin(pf);
