@@ -503,12 +503,23 @@ def test_nvcc_compiles_philox_floor(tmp_path):
                                         (["--out", "x", "--shapes", "1x1x100x64"], "N a multiple of 128"),
                                         (["--out", "x", "--p", "1.0"], r"--p: expected a dropout probability"),
                                         (["--out", "x", "--rounds", "0"], "--rounds: expected at least 1"),
-                                        ([], "--out is required")])
+                                        ([], "--out is required"),
+                                        (["--replot", "/nonexistent"], "--replot: .* does not exist")])
 def test_philox_floor_refuses_bad_arguments(argv, match, capsys):
     with pytest.raises(SystemExit) as exc:
         _philox_floor().main(argv)
     assert exc.value.code == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_philox_floor_replot_rebuilds_the_record(tmp_path):
+    """--replot runs nothing: it rebuilds the table and the plot from a record's philox_floor.json, on any machine."""
+    record = os.path.join(os.path.dirname(KERNEL_DIR), os.pardir, "docs", "results", "cuda", "philox_floor")
+    shutil.copy(os.path.join(record, "philox_floor.json"), tmp_path)
+    assert _philox_floor().main(["--replot", str(tmp_path)]) == 0
+    with open(os.path.join(record, "philox_floor.md")) as f:
+        assert (tmp_path / "philox_floor.md").read_text() == f.read()
+    assert (tmp_path / "philox_floor.png").stat().st_size > 10_000
 
 
 @pytest.mark.gpu

@@ -25,8 +25,10 @@ Beside them, with the one timer and the one SDPA pin of the benchmark (``benchma
 shapes' attention with dropout p: SDPA's kernels that take it, Triton and cuda-wgmma-ws, forward and backward.
 ``--rounds`` takes every timing that many times, in turn, and keeps the median.
 
-Writes ``philox_floor.json`` (every row, the environment, the git commit) and ``philox_floor.md`` into ``--out``.
-Needs a CUDA GPU (CuPy compiles the floor kernels with NVRTC).
+Writes ``philox_floor.json`` (every row, the environment, the git commit), ``philox_floor.md`` (the table) and
+``philox_floor.png`` (each shape's floors beside the attention calls, forward and backward) into ``--out``. Needs a
+CUDA GPU (CuPy compiles the floor kernels with NVRTC); ``--replot DIR`` rebuilds the table and the plot from
+``DIR/philox_floor.json`` on any machine.
 """
 from __future__ import annotations
 
@@ -226,7 +228,17 @@ def main(argv=None) -> int:
     ap.add_argument("--floor-only", action="store_true",
                     help="launch each floor kernel once per shape and time nothing (for a profiler)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--replot", metavar="DIR", help="run nothing: rebuild philox_floor.md and .png in DIR from its "
+                                                    "philox_floor.json")
     args = ap.parse_args(argv)
+    if args.replot:
+        path = os.path.join(args.replot, "philox_floor.json")
+        if not os.path.exists(path):
+            ap.error(f"--replot: {path} does not exist")
+        with open(path) as f:
+            rec = json.load(f)
+        write_views(args.replot, rec["summary"], rec["meta"])
+        return 0
     try:
         shapes = [parse_shape(s) for s in args.shapes.split(",")]
     except ValueError as exc:
@@ -290,8 +302,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "philox_floor.json"), "w") as f:
         json.dump(dict(meta=meta, floors=floors, attention=attention, summary=summary, problems=problems), f,
                   indent=1, default=str)
-    with open(os.path.join(args.out, "philox_floor.md"), "w") as f:
-        f.write(markdown(summary, meta))
+    write_views(args.out, summary, meta)
     print(markdown(summary, meta))
     for s in problems:
         print("PROBLEM:", s, file=sys.stderr)
@@ -320,6 +331,50 @@ def summarise(floors, attention) -> list:
                            reach=top["time_ms"] / fl["time_ms"] if top else None)
         out.append(e)
     return out
+
+
+def write_views(out, summary, meta) -> None:
+    """philox_floor.md and philox_floor.png in ``out`` from the summary."""
+    with open(os.path.join(out, "philox_floor.md"), "w") as f:
+        f.write(markdown(summary, meta))
+    plot(summary, meta, os.path.join(out, "philox_floor.png"))
+
+
+def plot(summary, meta, path) -> None:
+    """One panel a pass (forward, backward): per shape, horizontal bars of the rule's floor, FA2's rate, the best
+    SDPA kernel with dropout and ours, in ms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("the rule alone (floor)", lambda e, m: e["floor_ms"]["rule"], "#4c4c4c"),
+            ("FA2's rate alone", lambda e, m: e["floor_ms"]["fa2-rate"], "#a0a0a0"),
+            ("best SDPA with dropout", lambda e, m: m["best_alternative_ms"], "#1f77b4"),
+            ("cuda-wgmma-ws", lambda e, m: m["ours_ms"].get("cuda-wgmma-ws"), "#d62728"),
+            ("triton", lambda e, m: m["ours_ms"].get("triton"), "#ff7f0e")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 1.6 * len(summary)), sharey=True)
+    for ax, mode, title in zip(axes, ("fwd", "bwd"), ("forward", "backward")):
+        for k, e in enumerate(summary):
+            for b, (label, value, color) in enumerate(bars):
+                v = value(e, e[mode])
+                if v is None:
+                    continue
+                y = k * (len(bars) + 1) + b
+                ax.barh(y, v, color=color, label=label if k == 0 else None)
+                ax.text(v, y, f" {v:.2f}", va="center", fontsize=7)
+        ax.set_title(f"{title}: ms, p = {meta['dropout_p']}")
+        ax.set_xlabel("ms (lower is faster)")
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.15)
+    ticks = [k * (len(bars) + 1) + (len(bars) - 1) / 2 for k in range(len(summary))]
+    axes[0].set_yticks(ticks, [f"B{e['B']} H{e['H']}\nN{e['N']} D{e['D']}" for e in summary])
+    axes[0].invert_yaxis()
+    axes[1].legend(loc="lower right", fontsize=7)
+    fig.suptitle(f"Dropout's keep decisions alone against whole attention calls ({meta.get('gpu', 'GPU')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(summary, meta) -> str:
