@@ -19,9 +19,9 @@ are written by the benchmark scripts from the same JSON).
 from __future__ import annotations
 
 import argparse
+import csv
 import difflib
 import glob
-import csv
 import json
 import os
 import re
