@@ -868,6 +868,43 @@ def test_sass_summary_counts_philox_multiplies():
     assert [int(m, 16) % 2**32 for m in ss.PHILOX_MULTIPLIERS] == [0xD2511F53, 0xCD9E8D57]
 
 
+def test_sass_summary_overlap_follows_the_control_flow():
+    """tools/sass_summary.py --overlap: a batch of wgmma is in flight from its last HGMMA (gsb0) until a
+    WARPGROUP.DEPBAR lets at most N batches run; an exp2 counts as beside a product on every path only if each path
+    to it (the loop's back edge included) has one in flight, and on some path if one has."""
+    from tools import sass_summary as ss
+
+    sass = ("//--------------------- .text._Z1ki    --------------------------\n"
+            "        /*0000*/                   HGMMA.64x128x16.F32 R24, gdesc[UR16], RZ, !UPT, gsb0 ;\n"
+            "        /*0010*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+            "        /*0020*/                   MUFU.EX2 R1, R1 ;\n"                  # S_i0's softmax: nothing in flight
+            ".L_x_1:\n"
+            "        /*0030*/                   HGMMA.64x128x16.F32 R88, gdesc[UR16], RZ, !UPT ;\n"
+            "        /*0040*/                   HGMMA.64x128x16.F32 R88, gdesc[UR20], R88, gsb0 ;\n"
+            "        /*0050*/                   HGMMA.64x128x16.F32 R24, R152, gdesc[UR8].tnspB, R24, gsb0 ;\n"
+            "        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\n"
+            "        /*0070*/                   MUFU.EX2 R2, R2 ;\n"                  # P_ij V_j in flight on every path
+            "        /*0080*/               @P0 BRA `(.L_x_2) ;\n"
+            "        /*0090*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+            ".L_x_2:\n"
+            "        /*00a0*/                   MUFU.EX2 R3, R3 ;\n"                  # on the branch's path only
+            "        /*00b0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+            "        /*00c0*/               @P1 BRA `(.L_x_1) ;\n"
+            "        /*00d0*/                   EXIT ;\n"
+            ".L_x_3:\n"
+            "        /*00e0*/                   MUFU.EX2 R4, R4 ;\n"                  # no path reaches it
+            "        /*00f0*/                   BRA `(.L_x_3);\n")
+    (name, text), = ss.split_functions(sass)  # (a short name: nvdisasm pads its banner with spaces)
+    assert name == "_Z1ki"
+    assert ss.wgmma_overlap(text) == {"hgmma": 4, "waits": {0: 3, 1: 1}, "ex2": 4, "ex2_in_flight": 1,
+                                      "ex2_some_path": 2}
+    row = ss.overlap_row("x.cu", "k", text)
+    assert row == "| x.cu | k | 4 | ≤0: 3, ≤1: 1 | 4 | 1 (25%) | 2 (50%) |"
+    assert ss.overlap_row("x.cu", "k", "        /*0000*/                   MUFU.EX2 R1, R1 ;\n") is None  # no wgmma
+    with pytest.raises(SystemExit):
+        ss.main(["--overlap", "--philox"])
+
+
 def test_ws_block_order_forces_each_order_and_setting():
     """tools/ws_block_order.py forces each order through launch_specs.WGMMA_WS_BACKWARD_ORDER (the kernel's
     tile_major argument) and sweeps the split and order rules' settings (--set); its table; bad options; no GPU:

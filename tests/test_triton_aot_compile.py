@@ -116,3 +116,38 @@ def test_triton_dropout_kernels_issue_18_philox_multiplies_per_evaluation():
     for kernel, (evals, muls) in result.items():
         assert evals > 0, f"{kernel}: no Philox evaluation found in its SASS"
         assert muls == 18 * evals, f"{kernel}: {muls / evals:g} multiplies per Philox evaluation, expected 18"
+
+
+OVERLAP_SCRIPT = r"""
+import json, os, subprocess, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import sass_summary, triton_aot
+import triton
+nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+dis = sass_summary.disassembler(nvdisasm if os.path.exists(nvdisasm) else None)
+if dis is None:
+    print("RESULT null"); sys.exit(0)
+out = {}
+for D, config in ((64, (128, 64, 4, 3)), (128, (128, 64, 8, 3))):
+    compiled = triton_aot.compile_kernel("fwd", "float16", D, False, config, 90, "")
+    out[f"fwd {config} D={D}"] = sass_summary.wgmma_overlap(sass_summary._triton_sass(dis, compiled))
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_triton_forward_waits_for_each_product_before_its_softmax():
+    """docs/performance.md §8: compiled for sm_90, the Triton forward waits for every product (WARPGROUP.DEPBAR 0)
+    before the next exp2, so none of its exp2s runs beside a product of its own warpgroup
+    (tools/sass_summary.py --overlap --triton)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", OVERLAP_SCRIPT, os.path.join(ROOT, "tools")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"compiling the forward failed:\n{proc.stderr[-4000:]}"
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    if result is None:
+        pytest.skip("no SASS disassembler (cuobjdump or nvdisasm) on this machine")
+    for name, o in result.items():
+        assert o["hgmma"] > 0 and o["ex2"] > 0, (name, o)
+        assert set(o["waits"]) == {"0"}, f"{name}: waits {o['waits']}, expected only WARPGROUP.DEPBAR 0"
+        assert o["ex2_some_path"] == 0, f"{name}: {o['ex2_some_path']} exp2s beside a product"
