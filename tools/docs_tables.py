@@ -238,7 +238,7 @@ def t_gpu_summary(R, lang):
     """README: forward fp16 against FA2 on the H100, per fast backend."""
     L, T = ladder_stats(R), triton_stats(R)
     rows = [
-        ["`cuda-wgmma` " + H(lang, "(Hopper `wgmma`, softmax overlapped with the next product)", "（Hopper `wgmma`，softmax 与下一次乘积重叠）"),
+        ["`cuda-wgmma` " + H(lang, "(Hopper `wgmma`, asynchronous products)", "（Hopper `wgmma`，异步乘积）"),
          L["wg_ratio"], L["wg_tflops"]],
         ["`triton`", T["fwd_ratio"], T["fwd_tflops"]],
         ["`cuda-mma` " + H(lang, "(`mma.sync`, FA2's own instruction)", "（`mma.sync`，FA2 自己用的指令）"),
@@ -250,7 +250,7 @@ def t_gpu_summary(R, lang):
 H200_HOPPER = "benchmark/h200-hopper/hopper_summary.json"
 # the README's order: the fastest of ours first, then the other rungs, then the two references
 GPU_NOW_BACKENDS = (("cuda-wgmma-ws", "TMA producer, ping-pong consumers, persistent", "TMA 生产者、乒乓消费者、常驻网格"),
-                    ("cuda-wgmma", "Hopper `wgmma`, softmax overlapped", "Hopper `wgmma`，softmax 重叠"),
+                    ("cuda-wgmma", "Hopper `wgmma`, asynchronous products", "Hopper `wgmma`，异步乘积"),
                     ("triton", "", ""),
                     ("cuda-mma", "`mma.sync`, FA2's instruction", "`mma.sync`，FA2 的指令"),
                     ("sdpa-cudnn", "cuDNN, the reference", "cuDNN，参照"),
@@ -1510,7 +1510,103 @@ def dropout_grouped_figures(R):
             ("docs/zh/performance.md", zh2)]
 
 
+
+WAIT_BLOCK = "cuda/forward_wait_own_block"  # sass_summary.py --overlap records and the A/B, 73501e4 (new), ab317dc (old)
+
+
+def _overlap_table_rows(R, rel):
+    """The rows of a tools/sass_summary.py --overlap record: [(source or rung, kernel, exp2s, on every path)]."""
+    rows = []
+    for line in R.text(rel).splitlines():
+        f = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(f) == 7 and f[2].isdigit():
+            rows.append((f[0], f[1], int(f[4]), int(f[5].split()[0])))
+    return rows
+
+
+# (label, kernel name, index of the BF16 and of the DROPOUT template argument) of the CUDA kernels --overlap reports
+_OVERLAP_CUDA = (("cuda-wgmma forward", "wgmma_fwd", 3, 4), ("cuda-wgmma-ws forward", "wgmma_ws_fwd", 4, 5),
+                 ("wgmma-ws backward (both rungs' backward)", "wgmma_bwd_ws", 3, 4))
+
+
+def _overlap_cuda(R, rel, dropout):
+    """{(label, D): [share of the exp2s beside a product on every path, one per fp16 instantiation]} of a CUDA
+    --overlap record, the kernels with (dropout True) or without dropout."""
+    out = {}
+    for _, name, ex2, every in _overlap_table_rows(R, rel):
+        kernel, args = name.split("<", 1)
+        args = [a.strip() for a in args.rstrip(">").split(",")]
+        for label, k, bf, dr in _OVERLAP_CUDA:
+            if kernel == k and args[bf] == "false" and args[dr] == str(dropout).lower() and args[0] in ("64", "128"):
+                out.setdefault((label, int(args[0])), []).append(every / ex2)
+    order = [label for label, *_ in _OVERLAP_CUDA]
+    return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))
+
+
+def t_wgmma_overlap(R, lang):
+    """How many of each kernel's exp2s run beside a product of its own warpgroup, read off the SASS
+    (tools/sass_summary.py --overlap): the CUDA Hopper kernels at HEAD and with the wait in its own block (73501e4),
+    fp16, D 64 and 128 (every instantiation); the Triton kernels compiled by the H200's Triton, every candidate."""
+    pct = lambda xs: span([100 * x for x in xs], f0, " %")  # noqa: E731
+    yes, no = H(lang, "yes", "是"), H(lang, "no", "否")
+    out = []
+    for dropout in (False, True):
+        for (label, D), shares in _overlap_cuda(R, f"{WAIT_BLOCK}/overlap_cuda.md", dropout).items():
+            out.append([label, D, yes if dropout else no, H(lang, "as it is", "现有"), pct(shares)])
+    for (label, D), shares in _overlap_cuda(R, f"{WAIT_BLOCK}/overlap_cuda_own_block.md", False).items():
+        out.append([label, D, no, H(lang, "the wait in a block of its own (73501e4)", "等待单独成块（73501e4）"),
+                    pct(shares)])
+    tri = {}
+    for _, name, ex2, every in _overlap_table_rows(R, f"{WAIT_BLOCK}/overlap_triton_h200.md"):
+        kernel, D = name.split()[0], int(name.rsplit("D=", 1)[1])
+        tri.setdefault((kernel, D), []).append(every / ex2)
+    tri = dict(sorted(tri.items(), key=lambda kv: (["fwd", "dq", "dkdv"].index(kv[0][0]), kv[0][1])))
+    names = {"fwd": H(lang, "triton forward", "triton 前向"), "dq": H(lang, "triton dQ", "triton dQ"),
+             "dkdv": H(lang, "triton dK/dV", "triton dK/dV")}
+    for (kernel, D), shares in tri.items():
+        out.append([names[kernel], D, no, H(lang, f"every candidate config ({len(shares)})", f"每个候选配置（{len(shares)} 个）"),
+                    pct(shares)])
+    header = [H(lang, "kernels", "内核"), "D", "dropout", H(lang, "compiled", "编译的版本"),
+              H(lang, "exp2s beside a product of their warpgroup, on every path", "在每条路径上都与本 warpgroup 的乘积同时运行的 exp2")]
+    return table(header, out, right={1, 4})
+
+
+def _wait_block_ab(R):
+    """[(backend, B, H, N, D, mask, old TFLOP/s list, new list)] of the own-block A/B (73501e4 new, ab317dc old)."""
+    rows = []
+    for backend in ("cuda-wgmma-ws", "cuda-wgmma"):
+        runs = ab_lines(R, f"{WAIT_BLOCK}/ab_{backend}.txt")
+        for key in runs:
+            if key[0] == "new":
+                rows.append((backend, *key[2:], runs[("old", *key[1:])], runs[key]))
+    return rows
+
+
+def t_forward_wait_own_block(R, lang):
+    """The forwards with the wait for P_ij V_j in a block of its own (new, 73501e4) against HEAD (old, ab317dc), fp16,
+    timed alone in turn: TFLOP/s of each checkout's runs and new over old (means)."""
+    out = []
+    for backend, b, h, N, D, mask, old, new in _wait_block_ab(R):
+        ratio = (sum(new) / len(new)) / (sum(old) / len(old))
+        out.append([backend, f"B{b} H{h} N{N}", D, H(lang, mask.replace("-", " "), "否" if mask == "not-causal" else "是"),
+                    span(old), span(new), f"{ratio:.3f}×"])
+    header = [H(lang, "kernels", "内核"), H(lang, "shape", "形状"), "D", H(lang, "causal", "因果"),
+              H(lang, "as it is (ab317dc)", "现有（ab317dc）"), H(lang, "wait in its own block (73501e4)", "等待单独成块（73501e4）"),
+              H(lang, "new / old", "新 / 旧")]
+    return table(header, out, right={2, 4, 5, 6})
+
+
+def wait_own_block_figures(R):
+    """The span of new over old of the own-block A/B, quoted in performance.md §8 and backend_cuda.md."""
+    r = [(sum(n) / len(n)) / (sum(o) / len(o)) for *_, o, n in _wait_block_ab(R)]
+    en = f"ran at {span(r, lambda x: f'{x:.2f}')}× the kernels as they are"
+    zh = f"速度为现有内核的 {span(r, lambda x: f'{x:.2f}')}×"
+    return [(page, en) for page in ("docs/performance.md", "docs/backend_cuda.md")] + \
+        [(page, zh) for page in ("docs/zh/performance.md", "docs/zh/backend_cuda.md")]
+
 TABLES = {
+    "wgmma-overlap": t_wgmma_overlap,
+    "forward-wait-own-block": t_forward_wait_own_block,
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,
     "philox-key-rows": t_philox_key_rows,
@@ -2216,7 +2312,7 @@ def prose(R):
     def spaced(n):
         return f"{n:,}".replace(",", " ")
 
-    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + philox_floor_figures(R) + dropout_grouped_figures(R) + [
+    return variants_figures(R) + backward_kernel_figures(R) + mma_backward_figures(R) + mma_fused_layout_figures(R) + mma_forward_figures(R) + forward_tiles_figures(R) + triton_window_configs_figures(R) + mma_backward_regs_figures(R) + ws_window_walk_figures(R) + triton_host_figures(R) + autograd_thread_figures(R) + triton_descriptor_figures(R) + dropout_profile_figures(R) + dropout_profile_h200_figures(R) + hdim256_figures(R) + rescale_order_figures(R) + head_dims_figures(R) + one_kernel_backward_figures(R) + gqa_rounds_figures(R) + gqa_h200_figures(R) + ws_block_order_h200_figures(R) + h200_window_figures(R) + forward_rounds_figures(R) + h200_hopper_figures(R) + mma_persistent_figures(R) + rows_pad_top_figures(R) + philox_sass_figures(R) + philox_wide_figures(R) + philox_shared_figures(R) + philox_key_rows_figures(R) + philox_key_rows_sass_figures(R) + philox_shared_registers_figures(R) + gqa_repeat_figures(R) + dropout_cost_figures(R) + cold_l2_figures(R) + ncu_h200_figures(R) + ncu_causal_backward_figures(R) + philox_floor_figures(R) + dropout_grouped_figures(R) + wait_own_block_figures(R) + [
         # CPU measurements (docs/results/cpu/measurements.json)
         ("docs/performance.md", f"({m1_std} MiB for\nstandard attention, {m1_flash} MiB for the NumPy tiled loop"),
         ("docs/faq.md", f"Measured on a CPU (M1): {m1_std} MiB for standard attention against {m1_flash} MiB for `flash_attn_numpy`"),

@@ -317,6 +317,8 @@ def main(argv=None):
                     help="one table row per kernel with wgmma: its exp2s that run while its own products do "
                          "(wgmma_overlap); default sources wgmma.cu, wgmma_ws.cu, wgmma_backward.cu")
     ap.add_argument("--match", help="with --overlap: only the kernels whose name (demangled) matches this regex")
+    ap.add_argument("--kernel-dir", default=KERNEL_DIR,
+                    help="the folder of the .cu sources (default: this checkout's; another checkout's to compare)")
     args = ap.parse_args(argv)
     if args.overlap and (args.philox or args.philox_table):
         ap.error("--overlap prints a table of its own: leave out --philox / --philox-table")
@@ -346,7 +348,7 @@ def main(argv=None):
             arch = "sm_90a" if source.startswith("wgmma") else args.arch  # Hopper-only instructions
             target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
             res = subprocess.run(["nvcc", "-cubin", *target, "-std=c++17", "-O3", "--resource-usage", "-o", cubin,
-                                  os.path.join(KERNEL_DIR, source)], capture_output=True, text=True)
+                                  os.path.join(args.kernel_dir, source)], capture_output=True, text=True)
             if not (args.philox_table or args.overlap):
                 print(f"== {source} ({arch}; SASS by {dis[1]})")
             if res.returncode != 0:

@@ -18,6 +18,10 @@
 //         l_i = exp2(m_i - m_new) * l_i + rowsum(P)
 //     wait for P_ij Vj; acc *= exp2(m_i - m_new); P_i,j+1 -> fp16/bf16 registers
 // and at the end O = acc / l_i, lse = (m_i + log2 l_i) ln 2 (scores in log2 units, as in mma.cu).
+// That is the order of this source and its PTX. ptxas, scheduling the SASS, moves the wait for P_ij Vj to the top
+// of the basic block that holds the softmax, so without dropout the exp2s run after P_ij Vj, not beside it
+// (tools/sass_summary.py --overlap). Ending the block before the wait puts them beside it and was not faster
+// (docs/results/cuda/forward_wait_own_block/, tag experiments/forward-wait-own-block); the wait stays as it is.
 // The softmax on the accumulator fragments, the negative-scale rule and the epilogue are fragments.cuh's
 // (shared with mma.cu); the mask is masks.cuh's. The K/V loop covers only the tiles the block's rows see
 // (both ends skipped); with a right bound (causal) blocks run heaviest-first; only the rows whose window

@@ -1,7 +1,8 @@
 // wgmma_ws.cu -- rung 3c of the CUDA ladder: the wgmma forward, warp-specialised as in FlashAttention-3
 // (Shah et al., 2024). sm_90a only; fp16 or bf16 in, fp32 accumulate.
 //
-// wgmma.cu already overlaps the softmax with the next product inside a warpgroup, but every thread still
+// wgmma.cu issues its products so that the softmax can overlap the next product inside a warpgroup (in its SASS
+// it waits for the product first: wgmma.cu's header), but every thread still
 // issues its share of the cp.async copies, and the whole block meets at a __syncthreads on every K/V tile, so
 // the warpgroups wait for each other and for the slowest copy. Here the block is split by role:
 //
