@@ -174,22 +174,25 @@ class Floor:
         self.kernels = {key: module.get_function(name) for key, name in NAMES.items()}
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.kept = cupy.zeros(1, dtype=cupy.uint64)
+        import torch
+
+        self.anchor = torch.empty(1, device="cuda")  # runtime.Stream reads torch's current stream off a tensor
 
     def launcher(self, key, BH, N, p, seed=SEED):
         """A call that draws the keep decisions of BH heads of N x N scores once with kernel ``key`` (the count
         adds up in self.kept)."""
         import numpy as np
-        import torch
 
-        cupy, kern, nt = self.cupy, self.kernels[key], key[1]
+        from flash_attention_cuda.runtime import Stream
+
+        kern, nt = self.kernels[key], key[1]
         tiles = BH * (N // 16) * (N // (8 * nt))
         grid = (max(1, min(self.sms * 16, (tiles + 3) // 4)),)  # 4 warps a block, grid-stride over the tiles
         args = (np.int64(BH), np.int32(N), np.int32(N), np.float32(p), np.uint32(seed & 0xFFFFFFFF),
                 np.uint32(seed >> 32), self.kept)
 
-        def call():
-            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                kern(grid, (128,), args)
+        def call():  # on torch's current stream at the time of the call (a CUDA graph's capture stream, say)
+            Stream(self.anchor).run(kern, grid, (128,), args)
         return call
 
     def count(self, key, BH, N, p, seed=SEED) -> int:
