@@ -884,10 +884,12 @@ def test_sass_summary_overlap_follows_the_control_flow():
             "        /*0050*/                   HGMMA.64x128x16.F32 R24, R152, gdesc[UR8].tnspB, R24, gsb0 ;\n"
             "        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\n"
             "        /*0070*/                   MUFU.EX2 R2, R2 ;\n"                  # P_ij V_j in flight on every path
+            "        /*0074*/                   IMAD.WIDE.U32 R6, R4, -0x326172a9, RZ ;\n"  # a Philox product, too
             "        /*0080*/               @P0 BRA `(.L_x_2) ;\n"
             "        /*0090*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
             ".L_x_2:\n"
             "        /*00a0*/                   MUFU.EX2 R3, R3 ;\n"                  # on the branch's path only
+            "        /*00a4*/                   IMAD.WIDE.U32 R8, R4, -0x2daee0ad, RZ ;\n"  # not on every path
             "        /*00b0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
             "        /*00c0*/               @P1 BRA `(.L_x_1) ;\n"
             "        /*00d0*/                   EXIT ;\n"
@@ -897,12 +899,13 @@ def test_sass_summary_overlap_follows_the_control_flow():
     (name, text), = ss.split_functions(sass)  # (a short name: nvdisasm pads its banner with spaces)
     assert name == "_Z1ki"
     assert ss.wgmma_overlap(text) == {"hgmma": 4, "waits": {0: 3, 1: 1}, "ex2": 4, "ex2_in_flight": 1,
-                                      "ex2_some_path": 2}
+                                      "ex2_some_path": 2, "philox": 2, "philox_in_flight": 1}
     row = ss.overlap_row("x.cu", "k", text)
     assert row == "| x.cu | k | 4 | ≤0: 3, ≤1: 1 | 4 | 1 (25%) | 2 (50%) |"
+    assert ss.overlap_row("x.cu", "k", text, philox=True) == "| x.cu | k | 2 | 1 (50%) |"
     assert ss.overlap_row("x.cu", "k", "        /*0000*/                   MUFU.EX2 R1, R1 ;\n") is None  # no wgmma
     with pytest.raises(SystemExit):
-        ss.main(["--overlap", "--philox"])
+        ss.main(["--overlap", "--philox-table"])
 
 
 def test_ws_block_order_forces_each_order_and_setting():

@@ -1449,11 +1449,12 @@ DROPOUT_GROUPED_RUNS = ["cuda-wgmma-ws"] * 4 + ["cuda-wgmma"] * 2 + ["cuda-mma"]
 DROPOUT_BITS = "cuda/dropout_bits_before_wait"  # the same, 1823eae (new) and 2082c72 (old), wgmma-ws alone
 
 
-def _dropout_grouped(R, folder=DROPOUT_GROUPED, runs=DROPOUT_GROUPED_RUNS):
-    """{(backend, D, mask): {"new" or "old": [ms per run]}} of a dropout forward A/B log (its runs four lines each,
-    their backends in the order of ``runs``)."""
-    lines = [ln.split() for ln in R.text(f"{folder}/ab_dropout_forward.txt").splitlines()]
-    lines = [f for f in lines if len(f) == 11 and f[1] == "fwd"]
+def _dropout_grouped(R, folder=DROPOUT_GROUPED, runs=DROPOUT_GROUPED_RUNS, mode="fwd"):
+    """{(backend, D, mask): {"new" or "old": [ms per run]}} of a dropout A/B log, ab_dropout_forward.txt (mode "fwd")
+    or ab_dropout_backward.txt ("bwd"): its runs four lines each, their backends in the order of ``runs``."""
+    name = "ab_dropout_forward.txt" if mode == "fwd" else "ab_dropout_backward.txt"
+    lines = [ln.split() for ln in R.text(f"{folder}/{name}").splitlines()]
+    lines = [f for f in lines if len(f) == 11 and f[1] == mode]
     assert len(lines) == 4 * len(runs), len(lines)
     out = {}
     for k, f in enumerate(lines):
@@ -1481,6 +1482,16 @@ def t_dropout_bits_before_wait(R, lang):
                              H(lang, "drawn beside S_ij (ms)", "与 S_ij 并行抽取（ms）"))
 
 
+DROPOUT_BWD_BITS = "cuda/dropout_bwd_bits_before_wait"  # the backward's bits beside S and dP, 79da6c8 (new), 2ccd7ce
+
+
+def t_dropout_bwd_bits_before_wait(R, lang):
+    """wgmma-ws's backward drawing its keep decisions as bits while S and dP are computed (new, 79da6c8) against the
+    backward as it is (old, 2ccd7ce)."""
+    return _dropout_ab_table(R, lang, _dropout_grouped(R, DROPOUT_BWD_BITS, ["cuda-wgmma-ws"] * 4, "bwd"),
+                             H(lang, "drawn beside S and dP (ms)", "与 S、dP 并行抽取（ms）"))
+
+
 def t_dropout_grouped_mask(R, lang):
     """The forwards with dropout drawing their keep decisions straight into P (old, b0a2a49) and four accumulator tiles
     at a time into a bit mask (new, 37ec437): the median of each checkout's runs, old over new."""
@@ -1506,8 +1517,12 @@ def dropout_grouped_figures(R):
             _dropout_grouped(R, DROPOUT_BITS, ["cuda-wgmma-ws"] * 4).values()]
     en2 = f"ran at {span(bits, lambda x: f'{x:.2f}')}× the kernel as it is"
     zh2 = f"速度为现有 kernel 的 {span(bits, lambda x: f'{x:.2f}')}×"
+    bwd = [statistics.median(r["old"]) / statistics.median(r["new"]) for r in
+           _dropout_grouped(R, DROPOUT_BWD_BITS, ["cuda-wgmma-ws"] * 4, "bwd").values()]
+    en3 = f"its backward ran at {span(bwd, lambda x: f'{x:.2f}')}× the backward as it is"
+    zh3 = f"反向的速度为现有反向的 {span(bwd, lambda x: f'{x:.2f}')}×"
     return [("docs/performance.md", en), ("docs/zh/performance.md", zh), ("docs/performance.md", en2),
-            ("docs/zh/performance.md", zh2)]
+            ("docs/zh/performance.md", zh2), ("docs/performance.md", en3), ("docs/zh/performance.md", zh3)]
 
 
 
@@ -1606,6 +1621,7 @@ def wait_own_block_figures(R):
 
 TABLES = {
     "wgmma-overlap": t_wgmma_overlap,
+    "dropout-bwd-bits-before-wait": t_dropout_bwd_bits_before_wait,
     "forward-wait-own-block": t_forward_wait_own_block,
     "philox-wide": t_philox_wide,
     "philox-shared": t_philox_shared,

@@ -38,6 +38,9 @@ wgmma_ws.cu and wgmma_backward.cu (``--match REGEX`` keeps the kernels whose dem
 
     python3 tools/sass_summary.py --overlap --match "false, false" --nvdisasm PATH
     TRITON_INTERPRET=0 python3 tools/sass_summary.py --overlap --triton --nvdisasm PATH
+
+``--overlap --philox`` counts the same for dropout's Philox multiplies instead of the exp2s: how many of a kernel's
+integer multiplies by a round multiplier run while a product of its warpgroup is in flight.
 """
 import argparse
 import collections
@@ -167,8 +170,9 @@ def wgmma_overlap(text: str) -> dict:
     instruction, the batches of HGMMA issued and not yet waited for, fewest and most over the paths that reach it.
     An exp2 (MUFU.EX2) reached with at least one batch in flight on every path runs beside a product of its own
     warpgroup. Returns {"hgmma": HGMMA instructions, "waits": {N: WARPGROUP.DEPBAR ... N}, "ex2": MUFU.EX2
-    instructions, "ex2_in_flight": those with a batch in flight on every path, "ex2_some_path": on at least one}.
-    Static counts: each instruction once, however often it runs."""
+    instructions, "ex2_in_flight": those with a batch in flight on every path, "ex2_some_path": on at least one,
+    "philox": the integer multiplies by a Philox round multiplier (dropout's keep decisions), "philox_in_flight":
+    those with a batch in flight on every path}. Static counts: each instruction once, however often it runs."""
     blocks, succ = _blocks(text)
     entry = [None] * len(blocks)
     entry[0] = (0, 0)
@@ -184,7 +188,8 @@ def wgmma_overlap(text: str) -> dict:
             if new != old:
                 entry[n] = new
                 work.append(n)
-    out = {"hgmma": 0, "waits": collections.Counter(), "ex2": 0, "ex2_in_flight": 0, "ex2_some_path": 0}
+    out = {"hgmma": 0, "waits": collections.Counter(), "ex2": 0, "ex2_in_flight": 0, "ex2_some_path": 0,
+           "philox": 0, "philox_in_flight": 0}
     for b, block in enumerate(blocks):
         state = entry[b]
         for op, operands in block:
@@ -197,6 +202,9 @@ def wgmma_overlap(text: str) -> dict:
                 if state is not None:  # (a block no path reaches, such as a subroutine, counts as not in flight)
                     out["ex2_in_flight"] += state[0] > 0
                     out["ex2_some_path"] += state[1] > 0
+            elif op.startswith("IMAD") and any(m in operands.split(", ") for m in PHILOX_MULTIPLIERS):
+                out["philox"] += 1
+                out["philox_in_flight"] += state is not None and state[0] > 0
             if state is not None:
                 state = _step(state, op, operands)
     out["waits"] = dict(sorted(out["waits"].items()))
@@ -207,11 +215,19 @@ OVERLAP_HEADER = ("| rung | kernel | HGMMA | waits (WARPGROUP.DEPBAR ≤ N: coun
                   "| on some path |\n|---|---|---:|---|---:|---:|---:|")
 
 
-def overlap_row(rung: str, name: str, text: str):
-    """One markdown row of --overlap for a kernel with tensor-core products (None for one without)."""
+PHILOX_OVERLAP_HEADER = ("| rung | kernel | Philox multiplies (IMAD) | beside a product on every path |\n"
+                         "|---|---|---:|---:|")
+
+
+def overlap_row(rung: str, name: str, text: str, philox: bool = False):
+    """One markdown row of --overlap for a kernel with tensor-core products (None for one without); philox: the row
+    of --overlap --philox instead, for a kernel that draws dropout's keep decisions (None for one that does not)."""
     o = wgmma_overlap(text)
-    if not o["hgmma"]:
+    if not o["hgmma"] or (philox and not o["philox"]):
         return None
+    if philox:
+        share = o["philox_in_flight"] / o["philox"]
+        return f"| {rung} | {name} | {o['philox']} | {o['philox_in_flight']} ({share:.0%}) |"
     waits = ", ".join(f"≤{n}: {c}" for n, c in o["waits"].items())
     every = f"{o['ex2_in_flight']} ({o['ex2_in_flight'] / o['ex2']:.0%})" if o["ex2"] else "–"
     some = f"{o['ex2_some_path']} ({o['ex2_some_path'] / o['ex2']:.0%})" if o["ex2"] else "–"
@@ -320,8 +336,8 @@ def main(argv=None):
     ap.add_argument("--kernel-dir", default=KERNEL_DIR,
                     help="the folder of the .cu sources (default: this checkout's; another checkout's to compare)")
     args = ap.parse_args(argv)
-    if args.overlap and (args.philox or args.philox_table):
-        ap.error("--overlap prints a table of its own: leave out --philox / --philox-table")
+    if args.overlap and args.philox_table:
+        ap.error("--overlap prints a table of its own: leave out --philox-table (--philox: its Philox form)")
     if args.philox_table and args.triton:
         ap.error("--philox-table is for the CUDA sources (--source); --triton prints its counts with --philox")
     dis = disassembler(args.nvdisasm)
@@ -340,7 +356,7 @@ def main(argv=None):
     if args.philox_table:
         print("# source | kernel | Philox evaluations in its SASS | per evaluation: products by A and by B | total per evaluation")
     if args.overlap:
-        print(f"sm_90a; SASS by {dis[1]}\n\n{OVERLAP_HEADER}")
+        print(f"sm_90a; SASS by {dis[1]}\n\n{PHILOX_OVERLAP_HEADER if args.philox else OVERLAP_HEADER}")
     default = ["wgmma.cu", "wgmma_ws.cu", "wgmma_backward.cu"] if args.overlap else ["mma.cu", "tiled.cu"]
     for source in args.source or default:
         with tempfile.TemporaryDirectory() as tmp:
@@ -359,7 +375,8 @@ def main(argv=None):
         for name, text in split_functions(sass):
             if args.overlap:
                 nice = demangle(name)
-                row = overlap_row(source, nice, text) if not args.match or re.search(args.match, nice) else None
+                row = overlap_row(source, nice, text, args.philox) if not args.match or re.search(args.match, nice) \
+                    else None
                 if row:
                     print(row, flush=True)
             elif args.philox_table:
