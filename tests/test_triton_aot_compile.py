@@ -78,8 +78,10 @@ def test_smem_estimate_bounds_the_compiler(compiled):
         assert r["shared"] <= 1.5 * est + 4096, (r, est)
 
 
-PHILOX_SCRIPT = r"""
-import json, os, subprocess, sys, tempfile
+# the start of a script that compiles Triton kernels for sm_90 in a subprocess (TRITON_INTERPRET=0) and reads their
+# SASS with Triton's own nvdisasm: it prints "RESULT null" and stops where there is no disassembler
+SASS_SCRIPT_HEAD = r"""
+import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import sass_summary, triton_aot
 import triton
@@ -87,15 +89,27 @@ nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", 
 dis = sass_summary.disassembler(nvdisasm if os.path.exists(nvdisasm) else None)
 if dis is None:
     print("RESULT null"); sys.exit(0)
+"""
+
+
+def run_sass_script(body: str, what: str):
+    """Run SASS_SCRIPT_HEAD + body (tools/ on its path) and return its RESULT, or skip where there is no
+    disassembler; ``what`` names the kernels in the failure message."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", SASS_SCRIPT_HEAD + body, os.path.join(ROOT, "tools")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"compiling {what} failed:\n{proc.stderr[-4000:]}"
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    if result is None:
+        pytest.skip("no SASS disassembler (cuobjdump or nvdisasm) on this machine")
+    return result
+
+
+PHILOX_SCRIPT = r"""
 out = {}
 for kernel, config in sass_summary.TRITON_KERNELS:
     compiled = triton_aot.compile_kernel(kernel, "float16", 64, False, config, 90, "dropout")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
-    evals, muls = sass_summary.philox_counts(sass)
+    evals, muls = sass_summary.philox_counts(sass_summary.triton_sass(dis, compiled))
     out[kernel] = [evals, muls["A"] + muls["B"]]
 print("RESULT " + json.dumps(out))
 """
@@ -106,31 +120,17 @@ def test_triton_dropout_kernels_issue_18_philox_multiplies_per_evaluation():
     """flash_attention_triton/philox.py writes each Philox product as one mul.wide.u32: compiled for sm_90, the
     forward, dQ and dK/dV kernels with dropout issue 18 integer multiplies by the round multipliers per evaluation
     (tl.rand's umulhi + mul form issues 32), the fewest ten rounds allow (docs/results/triton/philox_sass/)."""
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", PHILOX_SCRIPT, os.path.join(ROOT, "tools")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"compiling the dropout kernels failed:\n{proc.stderr[-4000:]}"
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
-    if result is None:
-        pytest.skip("no SASS disassembler (cuobjdump or nvdisasm) on this machine")
+    result = run_sass_script(PHILOX_SCRIPT, "the dropout kernels")
     for kernel, (evals, muls) in result.items():
         assert evals > 0, f"{kernel}: no Philox evaluation found in its SASS"
         assert muls == 18 * evals, f"{kernel}: {muls / evals:g} multiplies per Philox evaluation, expected 18"
 
 
 OVERLAP_SCRIPT = r"""
-import json, os, subprocess, sys, tempfile
-sys.path.insert(0, sys.argv[1])
-import sass_summary, triton_aot
-import triton
-nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-dis = sass_summary.disassembler(nvdisasm if os.path.exists(nvdisasm) else None)
-if dis is None:
-    print("RESULT null"); sys.exit(0)
 out = {}
 for D, config in ((64, (128, 64, 4, 3)), (128, (128, 64, 8, 3))):
     compiled = triton_aot.compile_kernel("fwd", "float16", D, False, config, 90, "")
-    out[f"fwd {config} D={D}"] = sass_summary.wgmma_overlap(sass_summary._triton_sass(dis, compiled))
+    out[f"fwd {config} D={D}"] = sass_summary.wgmma_overlap(sass_summary.triton_sass(dis, compiled))
 print("RESULT " + json.dumps(out))
 """
 
@@ -140,13 +140,7 @@ def test_triton_forward_waits_for_each_product_before_its_softmax():
     """docs/performance.md §8: compiled for sm_90, the Triton forward waits for every product (WARPGROUP.DEPBAR 0)
     before the next exp2, so none of its exp2s runs beside a product of its own warpgroup
     (tools/sass_summary.py --overlap --triton)."""
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", OVERLAP_SCRIPT, os.path.join(ROOT, "tools")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"compiling the forward failed:\n{proc.stderr[-4000:]}"
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
-    if result is None:
-        pytest.skip("no SASS disassembler (cuobjdump or nvdisasm) on this machine")
+    result = run_sass_script(OVERLAP_SCRIPT, "the forward")
     for name, o in result.items():
         assert o["hgmma"] > 0 and o["ex2"] > 0, (name, o)
         assert set(o["waits"]) == {"0"}, f"{name}: waits {o['waits']}, expected only WARPGROUP.DEPBAR 0"

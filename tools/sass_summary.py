@@ -280,16 +280,12 @@ def triton_kernels(dis, philox, dump=None):
     for D in (64, 128):
         for kernel, config in TRITON_KERNELS:
             compiled = triton_aot.compile_kernel(kernel, "float16", D, False, config, 90, "dropout")
-            with tempfile.TemporaryDirectory() as tmp:
-                cubin = os.path.join(tmp, "k.cubin")
-                with open(cubin, "wb") as f:
-                    f.write(compiled.asm["cubin"])
-                sass = subprocess.run(dis[0] + [cubin], capture_output=True, text=True).stdout
+            sass = triton_sass(dis, compiled)
             usage = f"{compiled.metadata.num_warps} warps, {compiled.metadata.shared} bytes of shared memory"
             report(f"triton {kernel} {config} D={D} fp16 dropout", usage, sass, philox, dump)
 
 
-def _triton_sass(dis, compiled) -> str:
+def triton_sass(dis, compiled) -> str:
     """The SASS of a Triton CompiledKernel (its cubin through the disassembler)."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
@@ -311,7 +307,7 @@ def triton_overlap(dis, head_dims=(64, 128)):
         for kernel in ("fwd", "dq", "dkdv"):
             for config in C.prune(kernel, C.CANDIDATES[kernel], max(16, D), 2):
                 compiled = triton_aot.compile_kernel(kernel, "float16", D, False, config, 90, "")
-                row = overlap_row("triton", f"{kernel} {tuple(config)} D={D}", _triton_sass(dis, compiled))
+                row = overlap_row("triton", f"{kernel} {tuple(config)} D={D}", triton_sass(dis, compiled))
                 if row:
                     print(row, flush=True)
 
