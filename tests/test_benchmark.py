@@ -904,8 +904,9 @@ def test_sass_summary_overlap_follows_the_control_flow():
     assert row == "| x.cu | k | 4 | ≤0: 3, ≤1: 1 | 4 | 1 (25%) | 2 (50%) |"
     assert ss.overlap_row("x.cu", "k", text, philox=True) == "| x.cu | k | 2 | 1 (50%) |"
     assert ss.overlap_row("x.cu", "k", "        /*0000*/                   MUFU.EX2 R1, R1 ;\n") is None  # no wgmma
-    with pytest.raises(SystemExit):
-        ss.main(["--overlap", "--philox-table"])
+    for argv in (["--overlap", "--philox-table"], ["--overlap", "--philox", "--triton"], ["--match", "wgmma"]):
+        with pytest.raises(SystemExit):
+            ss.main(argv)
 
 
 def test_ws_block_order_forces_each_order_and_setting():

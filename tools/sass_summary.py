@@ -152,13 +152,18 @@ def _blocks(text: str):
     return blocks, succ
 
 
+def _wait_n(operands: str) -> int:
+    """N of a WARPGROUP.DEPBAR.LE gsb0, N: the batches it lets run on."""
+    return int(operands.split(",")[-1].strip(), 0)
+
+
 def _step(state, op, operands):
     """(fewest, most) batches of products in flight after one instruction."""
     lo, hi = state
     if op.startswith("HGMMA") and _GROUP_END.search(operands):
         return min(lo + 1, _MAX_PENDING), min(hi + 1, _MAX_PENDING)
     if op.startswith("WARPGROUP.DEPBAR"):
-        n = int(operands.split(",")[-1].strip(), 0)
+        n = _wait_n(operands)
         return min(lo, n), min(hi, n)
     return lo, hi
 
@@ -196,7 +201,7 @@ def wgmma_overlap(text: str) -> dict:
             if op.startswith("HGMMA"):
                 out["hgmma"] += 1
             elif op.startswith("WARPGROUP.DEPBAR"):
-                out["waits"][int(operands.split(",")[-1].strip(), 0)] += 1
+                out["waits"][_wait_n(operands)] += 1
             elif op == "MUFU.EX2":
                 out["ex2"] += 1
                 if state is not None:  # (a block no path reaches, such as a subroutine, counts as not in flight)
@@ -334,6 +339,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.overlap and args.philox_table:
         ap.error("--overlap prints a table of its own: leave out --philox-table (--philox: its Philox form)")
+    if args.overlap and args.philox and args.triton:
+        ap.error("--overlap --philox is for the CUDA sources: the Triton kernels of --overlap --triton draw no "
+                 "dropout")
+    if args.match and not args.overlap:
+        ap.error("--match goes with --overlap")
     if args.philox_table and args.triton:
         ap.error("--philox-table is for the CUDA sources (--source); --triton prints its counts with --philox")
     dis = disassembler(args.nvdisasm)
