@@ -24,6 +24,7 @@ launch plan (``launch_plans.py``), one C++ call from the allocations to the last
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import torch
@@ -351,13 +352,32 @@ def _keep_plan(key, plan) -> None:
     _CALLS[key] = plan
 
 
+# The Hopper forward (hopper_forward.py, in Gluon) runs every call it takes (hopper_forward.takes: sm_90, fp16/bf16,
+# D = 128, no dropout) unless this is False, or FA_TRITON_HOPPER_FORWARD=0 was set before the import: then
+# forward_kernel.py runs those calls too. An explicit ``config`` always runs forward_kernel.py.
+HOPPER_FORWARD = os.environ.get("FA_TRITON_HOPPER_FORWARD", "1") != "0"
+
+
+def _hopper_forward(q, k, v, dropout: bool):
+    """The hopper_forward module where it runs this call, else None."""
+    if not (HOPPER_FORWARD and q.is_cuda) or INTERPRETED:
+        return None
+    from . import hopper_forward  # (Gluon; imported on a GPU only)
+
+    return hopper_forward if hopper_forward.takes(q, k, v, dropout) else None
+
+
 def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0.0, dropout_seed=None):
     """o (B, H, Nq, D) in q's dtype and lse (B, H, Nq) float32 of checked inputs; window = (left, right) or causal.
 
     k, v may have Hk heads, H % Hk == 0 (grouped-query attention). With dropout_p > 0, O is that of the
-    dropped, rescaled weights and lse that of the softmax before dropout.
+    dropped, rescaled weights and lse that of the softmax before dropout. On a Hopper GPU the calls
+    ``hopper_forward.takes`` run that kernel (``HOPPER_FORWARD``), the others ``forward_kernel.py``.
     """
     window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
+    hopper = _hopper_forward(q, k, v, drop[0] > 0.0) if config is None else None
+    if hopper is not None:
+        return hopper.forward(q, k, v, window, scale)
     key = None if config is not None else _call_key("fwd", (q, k, v), window, drop)
     plan = _CALLS.get(key)
     if plan is not None:  # the launch of an earlier call like this one, directly

@@ -145,3 +145,25 @@ def test_triton_forward_waits_for_each_product_before_its_softmax():
         assert o["hgmma"] > 0 and o["ex2"] > 0, (name, o)
         assert set(o["waits"]) == {"0"}, f"{name}: waits {o['waits']}, expected only WARPGROUP.DEPBAR 0"
         assert o["ex2_some_path"] == 0, f"{name}: {o['ex2_some_path']} exp2s beside a product"
+
+
+HOPPER_SCRIPT = r"""
+out = {}
+for dtype, D, window in (("fp16", 128, (-1, 0)), ("bf16", 64, (256, 256))):
+    compiled = triton_aot.compile_hopper_forward(dtype, D, window)
+    o = sass_summary.wgmma_overlap(sass_summary.triton_sass(dis, compiled))
+    out[f"{dtype} D={D} window={window}"] = dict(o, shared=compiled.metadata.shared,
+                                                 setmaxnreg="setmaxnreg" in compiled.asm["ptx"])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
+    """flash_attention_triton/hopper_forward.py (Gluon) compiled for sm_90: its tiles fit one block's shared memory,
+    the copy warp hands its registers to the consumers (setmaxnreg), and besides the waits for every product
+    (WARPGROUP.DEPBAR 0) the consumers' loop waits for S_ij alone with P V still in flight (DEPBAR 1)."""
+    result = run_sass_script(HOPPER_SCRIPT, "the Gluon forward")
+    for name, o in result.items():
+        assert o["shared"] <= 232448, f"{name}: {o['shared']} bytes of shared memory"
+        assert o["setmaxnreg"], f"{name}: no register hand-over (setmaxnreg) in its PTX"
+        assert o["hgmma"] > 0 and o["ex2"] > 0 and "1" in o["waits"], (name, o)

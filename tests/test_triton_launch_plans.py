@@ -208,8 +208,10 @@ def test_no_plan_under_the_interpreter():
 # ------------------------------------------------------------------ GPU: plans run, and give the call plan's bits
 @pytest.fixture
 def fresh_calls(monkeypatch):
-    """No call plan of an earlier test: a key's first call here runs the full path."""
+    """No call plan of an earlier test: a key's first call here runs the full path. The forward is
+    forward_kernel.py's on a Hopper too (hopper_forward.py launches from Python and leaves no plan)."""
     monkeypatch.setattr(launch, "_CALLS", {})
+    monkeypatch.setattr(launch, "HOPPER_FORWARD", False)
 
 
 def _qkv(B, Hq, Hk, Nq, Nk, D, dtype, seed=0):

@@ -109,6 +109,29 @@ def compile_kernel(kernel_name: str, dtype: str, head_dim: int, causal, config, 
                           options=options.__dict__)
 
 
+def compile_hopper_forward(dtype: str, head_dim: int, window, arch: int = 90):
+    """Compile ``flash_attention_triton/hopper_forward.py``'s Gluon kernel for GPUTarget('cuda', arch, 32) (its
+    descriptors' types spelled out as the launcher makes them) -> CompiledKernel. dtype 'fp16'/'bf16' or
+    'float16'/'bfloat16'; window a (left, right) window or a causal flag."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from flash_attention_triton import hopper_forward as hf
+
+    ty = _TY.get(dtype, dtype)
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[ty]
+    descs = {name: f"tensordesc<{ty}[1,1,{rows},{head_dim}],{hf.shared_layout([1, 1, rows, head_dim], gdt)!r}>"
+             for name, rows in (("q_desc", hf.HALF_M), ("k_desc", hf.BLOCK_N), ("v_desc", hf.BLOCK_N))}
+    left, right = _window(window)
+    consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **hf.CONFIG)
+    sig = {**descs, "O": f"*{ty}", "LSE": "*fp32", "H": "i32", "group": "i32", "Nq": "i32", "Nk": "i32",
+           "scale_log2": "fp32", **{name: "constexpr" for name in consts}}
+    return triton.compile(GluonASTSource(hf.attn_fwd_hopper_kernel, sig, constexprs=consts),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+
+
 def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
     """Compile one variant (``compile_kernel``); returns a dict with its shared memory against the target's limit."""
     t0 = time.time()

@@ -7,11 +7,12 @@ shapes: one checkout against another. ``--backend triton`` times the Triton kern
     (cd ../other && PYTHONPATH=. python ../main/tools/ws_forward_ab.py --label old)   # the same, in another one
     PYTHONPATH=. python tools/ws_forward_ab.py --label new --backward --window 256,256 --shapes 1x16x16384x128
     PYTHONPATH=. python tools/ws_forward_ab.py --label new --dropout 0.1 --shapes 4x32x4096x64,4x16x4096x128
+    PYTHONPATH=. python tools/ws_forward_ab.py --label mqa --kv-heads 1 --shapes 1x32x16384x128
     FA_CUDA_LAUNCH_PLANS=0 PYTHONPATH=. python tools/ws_forward_ab.py --label new --backend triton
 
 Run it in two checkouts in turn, on the same machine (and once more in the first, to see the spread): the kernels
 compile from whichever checkout is on PYTHONPATH, so the two lines of a shape compare two versions of the kernel and
-its launch. Prints one line per shape: label, fwd or bwd, dtype, B, H, N, D, the mask (not-causal, causal, or the
+its launch. Prints one line per shape: label, fwd or bwd, dtype, B, H (Hq/Hk with --kv-heads), N, D, the mask (not-causal, causal, or the
 window), the median time in ms and TFLOP/s (4·B·H·N²·D, x0.5 causal, x2.5 backward, counting visible scores only, over
 the median of CUDA-graph replays, ``triton.testing.do_bench_cudagraph``). The backward is the whole of it: its
 preprocess, the one-kernel wgmma_bwd_ws and the dQ store (Triton: the preprocess and the dK/dV and dQ kernels).
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--label", required=True, help="the name printed at the start of each line")
     ap.add_argument("--shapes", default=SHAPES, help="BxHxNxD, comma-separated (default: %(default)s)")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--kv-heads", type=int, default=0,
+                    help="K/V heads of every shape (grouped-query attention; H %% this == 0; default: H)")
     ap.add_argument("--backward", action="store_true", help="time the backward instead of the forward")
     ap.add_argument("--window", default="", help="one window L,R instead of not causal and causal (e.g. 256,256)")
     ap.add_argument("--dropout", type=float, default=0.0,
@@ -76,8 +79,11 @@ def main(argv=None) -> int:
     mode = "bwd" if args.backward else "fwd"
     for shape in args.shapes.split(","):
         B, H, N, D = map(int, shape.split("x"))
+        Hk = args.kv_heads or H
+        if Hk < 1 or H % Hk:
+            ap.error(f"--kv-heads: got {Hk}, expected a divisor of H = {H} (shape {shape})")
         for name, window in masks:
-            x = make_inputs(B, H, N, N, D, dtype=args.dtype, device="cuda")
+            x = make_inputs(B, H, N, N, D, dtype=args.dtype, device="cuda", Hk=Hk)
             q, k, v = x["q"], x["k"], x["v"]
             scale = D ** -0.5
             if args.backward:
@@ -88,7 +94,7 @@ def main(argv=None) -> int:
             call()  # compiled (Triton: tuned) and warm
             ms = do_bench_cudagraph(call, return_mode="median")
             flops = attention_flops(B, H, N, N, D, mode=mode, window_size=window)
-            print(args.label, mode, args.dtype, B, H, N, D, name + tag, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
+            print(args.label, mode, args.dtype, B, H if Hk == H else f"{H}/{Hk}", N, D, name + tag, f"{ms:.4f}", f"{flops / (ms * 1e-3) / 1e12:.0f}",
                   flush=True)
     return 0
 

@@ -1,0 +1,105 @@
+"""flash_attention_triton/hopper_forward.py: the Gluon forward that runs the Triton rung's forward on a Hopper.
+
+On any machine: the dispatch takes only what the kernel handles (that the kernel compiles for sm_90, which is what a
+CPU can check of it, Gluon having no interpreter: tests/test_triton_aot_compile.py). On an sm_90 GPU: the kernel against the float64 reference on odd
+sizes, Nq != Nk, every window kind, grouped-query heads, both dtypes, NaN and rows that see no key; and the
+dispatch of ``flash_attn_triton`` runs it.
+"""
+import math
+
+import pytest
+import torch
+
+from flash_attention_py import attention_reference, make_inputs, masks
+
+pytest.importorskip("triton")
+hf = pytest.importorskip("flash_attention_triton.hopper_forward")
+from flash_attention_triton import launch as L  # noqa: E402
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and not L.INTERPRETED
+sm90 = pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (Hopper) with Triton compiling, not interpreting")
+TOL = {"float16": 4e-3, "bfloat16": 3e-2}  # max-abs on O ~ N(0, 1/...) (naive attention's error is about half)
+
+
+def test_dispatch_takes_only_what_the_kernel_handles():
+    """CPU tensors, fp32, dropout, head dims other than 128 and unaligned strides go to forward_kernel.py."""
+    x = make_inputs(1, 2, 64, 64, 128, dtype="float16", kind="torch")
+    assert not hf.takes(x["q"], x["k"], x["v"], False)  # a CPU tensor
+    assert L._hopper_forward(x["q"], x["k"], x["v"], False) is None
+    if SM90:
+        y = make_inputs(1, 2, 64, 64, 128, dtype="float16", device="cuda")
+        q, k, v = y["q"], y["k"], y["v"]
+        assert hf.takes(q, k, v, False) and not hf.takes(q, k, v, True)
+        assert not hf.takes(q.float(), k.float(), v.float(), False)
+        for D in (64, 96):  # (the kernel computes D = 64 too, below, but no faster than forward_kernel.py)
+            z = make_inputs(1, 2, 64, 64, D, dtype="float16", device="cuda")
+            assert not hf.takes(z["q"], z["k"], z["v"], False)
+        buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+        assert not hf.takes(buf[1:].view(q.shape), k, v, False)  # 2 bytes off: no TMA
+
+
+CASES = [  # (B, Hq, Hk, Nq, Nk, D, window)
+    (1, 2, 2, 1, 1, 64, masks.FULL),
+    (2, 3, 3, 17, 17, 128, masks.CAUSAL),
+    (1, 4, 2, 100, 300, 64, masks.CAUSAL),
+    (1, 4, 1, 300, 100, 128, masks.CAUSAL),  # rows above the first key see none: O = 0, lse = -inf
+    (2, 4, 4, 1000, 1000, 128, (64, 0)),  # causal local attention
+    (1, 8, 2, 333, 517, 64, (3, 7)),  # asymmetric window
+    (1, 2, 1, 260, 250, 128, (5000, 5000)),  # a window wider than N
+    (1, 2, 2, 129, 1000, 64, (0, 0)),
+    (1, 6, 3, 1000, 777, 128, masks.FULL),
+]
+
+
+@sm90
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}Hq{}Hk{}Nq{}Nk{}D{}w{}_{}".format(*c[:6], *c[6]))
+def test_matches_float64(case, dtype):
+    B, Hq, Hk, Nq, Nk, D, window = case
+    x = make_inputs(B, Hq, Nq, Nk, D, dtype=dtype, device="cuda", Hk=Hk)
+    scale = D ** -0.5
+    o, lse = hf.forward(x["q"], x["k"], x["v"], window, scale)
+    o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], window_size=window, return_lse=True)
+    o_ref, lse_ref = torch.as_tensor(o_ref, device="cuda"), torch.as_tensor(lse_ref, device="cuda")
+    err = (o.double() - o_ref).abs().max().item()
+    rel = ((o.double() - o_ref).norm() / o_ref.norm().clamp_min(1e-300)).item()
+    assert err <= TOL[dtype], f"max-abs {err:.2e} (relative norm {rel:.2e})"
+    none = lse_ref == float("-inf")
+    assert torch.equal(lse == float("-inf"), none), "rows that see no key differ"
+    assert (o[none.unsqueeze(-1).expand_as(o)] == 0).all(), "a row that sees no key is not 0"
+    assert (lse[~none].double() - lse_ref[~none]).abs().max().item() <= 1e-4 * math.log(Nk + 1) + 1e-5
+
+
+@sm90
+def test_nan_in_gives_nan_out_and_the_library_runs_it(monkeypatch):
+    """A NaN in one query row gives NaN in that row only; flash_attn_triton's forward is this kernel's."""
+    from flash_attention_triton import flash_attn_triton
+
+    x = make_inputs(1, 2, 256, 256, 128, dtype="float16", device="cuda")
+    q = x["q"].clone()
+    q[0, 1, 7, 3] = float("nan")
+    o, lse = hf.forward(q, x["k"], x["v"], masks.FULL, 0.1)
+    assert torch.isnan(o[0, 1, 7]).all() and torch.isnan(lse[0, 1, 7])
+    assert not torch.isnan(o[0, 1, :7]).any() and not torch.isnan(o[0, 0]).any()
+    ran = []
+    real = hf.forward
+    monkeypatch.setattr(hf, "forward", lambda *a: ran.append(1) or real(*a))
+    o2 = flash_attn_triton(q, x["k"], x["v"], softmax_scale=0.1)
+    assert ran and torch.equal(torch.isnan(o2), torch.isnan(o))
+    monkeypatch.setattr(L, "HOPPER_FORWARD", False)
+    ran.clear()
+    flash_attn_triton(x["q"], x["k"], x["v"])
+    assert not ran, "HOPPER_FORWARD = False still ran the Gluon kernel"
+
+
+@sm90
+def test_direct_launch_serves_every_length_of_a_variant():
+    """After a variant's first call the compiled kernel is launched directly (no JIT dispatch): lengths that Triton
+    would have specialised differently (1, multiples of 16, odd) still get their own right answers."""
+    for Nq, Nk in ((1, 1), (16, 32), (17, 250), (128, 128), (300, 77)):
+        x = make_inputs(1, 2, Nq, Nk, 128, dtype="float16", device="cuda")
+        o, lse = hf.forward(x["q"], x["k"], x["v"], masks.CAUSAL, 0.1)
+        o_ref = torch.as_tensor(attention_reference(x["q"], x["k"], x["v"], causal=True, softmax_scale=0.1),
+                                device="cuda")
+        assert (o.double() - o_ref).abs().max().item() <= TOL["float16"], (Nq, Nk)
+    assert any(key[1] == 128 for key in hf._COMPILED)
