@@ -22,8 +22,8 @@ Bc = BLOCK_N keys a tile, m_i, l_i, acc, S_ij, P_ij; the mask is ``masks.py``'s 
 right; its ``kv_blocks`` gives the tiles a query block visits and which of them need the elementwise mask).
 
 What it takes (``takes``): a CUDA device of compute capability 9.0, fp16 or bf16, D = 128, any window,
-grouped-query heads, no dropout; q, k, v with unit last stride and 16-byte aligned base and strides (TMA's rule).
-Anything else runs ``forward_kernel.py``. Ragged Nq, Nk: the copy engine fills rows past the end of a head with 0
+grouped-query heads, no dropout; q, k, v with unit last stride and 16-byte aligned base and strides (TMA's rule);
+at least MIN_FLOPS of work. Anything else runs ``forward_kernel.py``. Ragged Nq, Nk: the copy engine fills rows past the end of a head with 0
 (its descriptors are 4-d, (B, H, N, D), so a tile never reads the next head), and the mask hides them.
 """
 import functools
@@ -33,6 +33,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from flash_attention_py import masks
 
 from .masks import kv_blocks, visible
 from .tiles import LOG2E
@@ -239,11 +241,25 @@ def _sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def takes(q, k, v, dropout: bool) -> bool:
-    """Whether this kernel runs the call (the module docstring); else ``forward_kernel.py`` does."""
-    return (not dropout and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in HEAD_DIMS
+# The kernel launches from Python: through flash_attn_triton a call costs 147-170 us of host time on the H200's
+# host, against 14-23 us for forward_kernel.py's C++ launch plan (docs/results/triton/hopper_forward/
+# host_overhead.txt). It takes the calls whose visible scores cost at least MIN_FLOPS (4 B H D a score; about
+# 100 us of products at 500 TFLOP/s), where the products outlast the launch; smaller ones run forward_kernel.py.
+MIN_FLOPS = 5e10
+
+
+@functools.lru_cache(maxsize=4096)
+def _visible_pairs(Nq: int, Nk: int, window: tuple) -> int:
+    return masks.visible_pairs(Nq, Nk, window)
+
+
+def takes(q, k, v, dropout: bool, window) -> bool:
+    """Whether this kernel runs the call (the module docstring and MIN_FLOPS); else ``forward_kernel.py`` does."""
+    B, H, Nq, D = q.shape
+    return (not dropout and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D in HEAD_DIMS
             and _sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
-            and all(_aligned(x) for x in (q, k, v)))
+            and all(_aligned(x) for x in (q, k, v))
+            and 4.0 * B * H * D * _visible_pairs(Nq, k.shape[2], tuple(window)) >= MIN_FLOPS)
 
 
 def shared_layout(block, dtype):

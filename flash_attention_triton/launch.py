@@ -353,18 +353,18 @@ def _keep_plan(key, plan) -> None:
 
 
 # The Hopper forward (hopper_forward.py, in Gluon) runs every call it takes (hopper_forward.takes: sm_90, fp16/bf16,
-# D = 128, no dropout) unless this is False, or FA_TRITON_HOPPER_FORWARD=0 was set before the import: then
+# D = 128, no dropout, MIN_FLOPS of work) unless this is False, or FA_TRITON_HOPPER_FORWARD=0 was set before the import: then
 # forward_kernel.py runs those calls too. An explicit ``config`` always runs forward_kernel.py.
 HOPPER_FORWARD = os.environ.get("FA_TRITON_HOPPER_FORWARD", "1") != "0"
 
 
-def _hopper_forward(q, k, v, dropout: bool):
+def _hopper_forward(q, k, v, dropout: bool, window):
     """The hopper_forward module where it runs this call, else None."""
     if not (HOPPER_FORWARD and q.is_cuda) or INTERPRETED:
         return None
     from . import hopper_forward  # (Gluon; imported on a GPU only)
 
-    return hopper_forward if hopper_forward.takes(q, k, v, dropout) else None
+    return hopper_forward if hopper_forward.takes(q, k, v, dropout, window) else None
 
 
 def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0.0, dropout_seed=None):
@@ -375,7 +375,7 @@ def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0
     ``hopper_forward.takes`` run that kernel (``HOPPER_FORWARD``), the others ``forward_kernel.py``.
     """
     window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
-    hopper = _hopper_forward(q, k, v, drop[0] > 0.0) if config is None else None
+    hopper = _hopper_forward(q, k, v, drop[0] > 0.0, window) if config is None else None
     if hopper is not None:
         return hopper.forward(q, k, v, window, scale)
     key = None if config is not None else _call_key("fwd", (q, k, v), window, drop)

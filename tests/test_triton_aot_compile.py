@@ -161,9 +161,12 @@ print("RESULT " + json.dumps(out))
 def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
     """flash_attention_triton/hopper_forward.py (Gluon) compiled for sm_90: its tiles fit one block's shared memory,
     the copy warp hands its registers to the consumers (setmaxnreg), and besides the waits for every product
-    (WARPGROUP.DEPBAR 0) the consumers' loop waits for S_ij alone with P V still in flight (DEPBAR 1)."""
+    (WARPGROUP.DEPBAR 0) the consumers' loop waits for S_ij alone with P V still in flight (DEPBAR 1), and its exp2s
+    run beside P_ij V_j (docs/performance.md §9, *The Triton forward on a Hopper*)."""
     result = run_sass_script(HOPPER_SCRIPT, "the Gluon forward")
     for name, o in result.items():
         assert o["shared"] <= 232448, f"{name}: {o['shared']} bytes of shared memory"
         assert o["setmaxnreg"], f"{name}: no register hand-over (setmaxnreg) in its PTX"
         assert o["hgmma"] > 0 and o["ex2"] > 0 and "1" in o["waits"], (name, o)
+        # the loop's exp2s (half of them; the first tile's run alone) with P_ij V_j still in flight on every path
+        assert 2 * o["ex2_in_flight"] == o["ex2"], f"{name}: {o['ex2_in_flight']} of {o['ex2']} exp2s beside P V"

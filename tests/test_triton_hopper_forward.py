@@ -22,20 +22,22 @@ TOL = {"float16": 4e-3, "bfloat16": 3e-2}  # max-abs on O ~ N(0, 1/...) (naive a
 
 
 def test_dispatch_takes_only_what_the_kernel_handles():
-    """CPU tensors, fp32, dropout, head dims other than 128 and unaligned strides go to forward_kernel.py."""
+    """CPU tensors, fp32, dropout, head dims other than 128, unaligned strides and calls under MIN_FLOPS go to
+    forward_kernel.py."""
     x = make_inputs(1, 2, 64, 64, 128, dtype="float16", kind="torch")
-    assert not hf.takes(x["q"], x["k"], x["v"], False)  # a CPU tensor
-    assert L._hopper_forward(x["q"], x["k"], x["v"], False) is None
+    assert not hf.takes(x["q"], x["k"], x["v"], False, masks.FULL)  # a CPU tensor
+    assert L._hopper_forward(x["q"], x["k"], x["v"], False, masks.FULL) is None
     if SM90:
-        y = make_inputs(1, 2, 64, 64, 128, dtype="float16", device="cuda")
+        y = make_inputs(1, 16, 2048, 4096, 128, dtype="float16", device="cuda")  # 6.9e10 FLOPs, causal 5.1e10
         q, k, v = y["q"], y["k"], y["v"]
-        assert hf.takes(q, k, v, False) and not hf.takes(q, k, v, True)
-        assert not hf.takes(q.float(), k.float(), v.float(), False)
+        assert hf.takes(q, k, v, False, masks.CAUSAL) and not hf.takes(q, k, v, True, masks.CAUSAL)
+        assert not hf.takes(q, k, v, False, (100, 0)), "a call under MIN_FLOPS"
+        assert not hf.takes(q.float(), k.float(), v.float(), False, masks.FULL)
         for D in (64, 96):  # (the kernel computes D = 64 too, below, but no faster than forward_kernel.py)
-            z = make_inputs(1, 2, 64, 64, D, dtype="float16", device="cuda")
-            assert not hf.takes(z["q"], z["k"], z["v"], False)
+            z = make_inputs(1, 16, 2048, 4096, D, dtype="float16", device="cuda")
+            assert not hf.takes(z["q"], z["k"], z["v"], False, masks.FULL)
         buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
-        assert not hf.takes(buf[1:].view(q.shape), k, v, False)  # 2 bytes off: no TMA
+        assert not hf.takes(buf[1:].view(q.shape), k, v, False, masks.FULL)  # 2 bytes off: no TMA
 
 
 CASES = [  # (B, Hq, Hk, Nq, Nk, D, window)
@@ -81,6 +83,7 @@ def test_nan_in_gives_nan_out_and_the_library_runs_it(monkeypatch):
     o, lse = hf.forward(q, x["k"], x["v"], masks.FULL, 0.1)
     assert torch.isnan(o[0, 1, 7]).all() and torch.isnan(lse[0, 1, 7])
     assert not torch.isnan(o[0, 1, :7]).any() and not torch.isnan(o[0, 0]).any()
+    monkeypatch.setattr(hf, "MIN_FLOPS", 0.0)  # (this call is far smaller)
     ran = []
     real = hf.forward
     monkeypatch.setattr(hf, "forward", lambda *a: ran.append(1) or real(*a))

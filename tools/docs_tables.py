@@ -911,17 +911,43 @@ def t_variants_targets(R, lang):
     return _variants_targets_table(sections, lang)
 
 
-H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: window-dropout/, gqa/, dropout/
+H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: window-dropout/, gqa/, dropout/, ...
+H200_GQA_WINDOW = f"{H200_VARIANTS}/gqa-window/variants.json"  # the run after the Triton forward's Hopper kernel
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records of the current kernels (window from window-dropout/, GQA from gqa/,
-    dropout from dropout/, the run after the kernels' Philox products became one wide multiply each)."""
-    wd = R.json(f"{H200_VARIANTS}/window-dropout/variants.json")["summary"]
-    sections = {"window": [e for e in wd if e["section"] == "window"],
-                "gqa": R.json(f"{H200_VARIANTS}/gqa/variants.json")["summary"],
+    """The same targets from the H200 records of the current kernels (window and GQA from gqa-window/, the run after
+    the Triton rung's forward became hopper_forward.py's on a Hopper; dropout from dropout/, the run after the
+    kernels' Philox products became one wide multiply each)."""
+    gw = R.json(H200_GQA_WINDOW)["summary"]
+    sections = {"window": [e for e in gw if e["section"] == "window"],
+                "gqa": [e for e in gw if e["section"] == "gqa"],
                 "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
     return _variants_targets_table(sections, lang)
+
+
+def t_triton_hopper_forward(R, lang):
+    """The Triton rung's forward on the H200 before and after hopper_forward.py (Gluon): the GQA and window forwards
+    of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), each
+    beside the best PyTorch alternative timed in the same run."""
+    before = {}
+    for rec in ("gqa", "window-dropout"):
+        for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]:
+            before[(e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"])] = e
+    out = []
+    for e in R.json(H200_GQA_WINDOW)["summary"]:
+        if e["mode"] != "fwd":
+            continue
+        b = before[(e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"])]
+        case = (f"GQA Hq={e['Hq']} Hk={e['Hk']}" if e["section"] == "gqa" else
+                H(lang, f"window {tuple(e['window'])}", f"窗口 {tuple(e['window'])}"))
+        out.append([case, e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
+                    f"{b['ms']['triton']:.3f}", f"{b['vs_best_alternative']['triton']:.2f}×", f"{e['ms']['triton']:.3f}",
+                    f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
+    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "before: ms", "之前：ms"),
+              H(lang, "before: ×", "之前：×"), H(lang, "hopper_forward: ms", "hopper_forward：ms"),
+              H(lang, "hopper_forward: ×", "hopper_forward：×"), H(lang, "best alternative", "最快方案")]
+    return table(header, out)
 
 
 def _variants_targets_table(sections, lang):
@@ -1644,6 +1670,7 @@ TABLES = {
     "hopper-targets-h200": t_hopper_targets_h200,
     "variants-targets": t_variants_targets,
     "variants-targets-h200": t_variants_targets_h200,
+    "triton-hopper-forward": t_triton_hopper_forward,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
