@@ -301,7 +301,8 @@ def triton_sass(dis, compiled) -> str:
 
 def triton_overlap(dis, head_dims=(64, 128)):
     """--overlap for the Triton kernels without dropout: every autotuner candidate that fits an H100's shared memory
-    (configs.prune), fp16, compiled for sm_90 without a GPU; one table row each."""
+    (configs.prune), fp16, compiled for sm_90 without a GPU; one table row each; then the Gluon forward
+    (hopper_forward.py) at D = 128, full and causal."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import triton
     import triton_aot
@@ -315,6 +316,12 @@ def triton_overlap(dis, head_dims=(64, 128)):
                 row = overlap_row("triton", f"{kernel} {tuple(config)} D={D}", triton_sass(dis, compiled))
                 if row:
                     print(row, flush=True)
+    # the Gluon forward that runs on a Hopper at D = 128 (flash_attention_triton/hopper_forward.py), full and causal
+    for window in ((-1, -1), (-1, 0)):
+        compiled = triton_aot.compile_hopper_forward("float16", 128, window)
+        row = overlap_row("triton (Gluon)", f"hopper_forward window={window} D=128", triton_sass(dis, compiled))
+        if row:
+            print(row, flush=True)
 
 
 def main(argv=None):
