@@ -275,8 +275,8 @@ def _layouts(D: int, dtype: torch.dtype) -> tuple:
 
 
 # (dtype, D, window, device) -> the compiled kernel: after the first call of a variant the launch skips Triton's
-# JIT dispatch (its arguments' specialisation and cache lookup, most of a call's host time) and runs the compiled
-# kernel directly. The ints are not specialised (do_not_specialize), O and LSE are new allocations (aligned), so
+# JIT dispatch (its arguments' specialisation and cache lookup) and runs the compiled kernel directly; the host time
+# that remains (MIN_FLOPS) is mostly flash_attn_triton's own Python path, which forward_kernel.py's C++ plan skips. The ints are not specialised (do_not_specialize), O and LSE are new allocations (aligned), so
 # the variant is the whole key.
 _COMPILED: dict = {}
 
