@@ -367,6 +367,21 @@ def _hopper_forward(q, k, v, dropout: bool, window):
     return hopper_forward if hopper_forward.takes(q, k, v, dropout, window) else None
 
 
+# The one-kernel Hopper backward (hopper_backward.py, in Gluon) runs the calls it takes only where this is True
+# (FA_TRITON_HOPPER_BACKWARD=1 before the import): on an H200 it is slower than backward_kernels.py (its module
+# docstring says why).
+HOPPER_BACKWARD = os.environ.get("FA_TRITON_HOPPER_BACKWARD", "0") == "1"
+
+
+def _hopper_backward(q, k, v, do, dropout: bool, window):
+    """The hopper_backward module where it runs this call, else None."""
+    if not (HOPPER_BACKWARD and q.is_cuda) or INTERPRETED:
+        return None
+    from . import hopper_backward  # (Gluon; imported on a GPU only)
+
+    return hopper_backward if hopper_backward.takes(q, k, v, do, dropout, window) else None
+
+
 def _forward(q, k, v, window, scale: float, config=None, *, dropout_p: float = 0.0, dropout_seed=None):
     """o (B, H, Nq, D) in q's dtype and lse (B, H, Nq) float32 of checked inputs; window = (left, right) or causal.
 
@@ -424,6 +439,11 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     """
     do = resolve_lazy(do)  # an upstream gradient can be a conj/neg view too: the kernels read raw memory
     window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
+    hopper = _hopper_backward(q, k, v, do, drop[0] > 0.0, window) if not configs else None
+    if hopper is not None:
+        B, H, _, _ = q.shape
+        Hk, Nk = k.shape[1], k.shape[2]
+        return hopper.backward(q, k, v, o, lse, do, window, scale, dkdv_splits(B, Hk, H // Hk, Nk, q.device))
     key = None if configs else _call_key("bwd", (q, k, v, o, lse, do), window, drop)
     plan = _CALLS.get(key)
     if plan is None:

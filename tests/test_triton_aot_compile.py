@@ -170,3 +170,26 @@ def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
         assert o["hgmma"] > 0 and o["ex2"] > 0 and "1" in o["waits"], (name, o)
         # the loop's exp2s (half of them; the first tile's run alone) with P_ij V_j still in flight on every path
         assert 2 * o["ex2_in_flight"] == o["ex2"], f"{name}: {o['ex2_in_flight']} of {o['ex2']} exp2s beside P V"
+
+
+HOPPER_BACKWARD_SCRIPT = r"""
+out = {}
+for dtype, window in (("fp16", (-1, 0)), ("bf16", (256, 256))):
+    compiled = triton_aot.compile_hopper_backward(dtype, 128, window)
+    ptx = compiled.asm["ptx"]
+    out[f"{dtype} window={window}"] = dict(shared=compiled.metadata.shared, setmaxnreg="setmaxnreg" in ptx,
+                                           wgmma=ptx.count("wgmma.mma_async"), adds=ptx.count(".add.f32"))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_hopper_backward_compiles_for_sm90():
+    """flash_attention_triton/hopper_backward.py (Gluon, opt-in) compiled for sm_90: its tiles fit one block's shared
+    memory, the copy warp hands its registers to the consumers (setmaxnreg), and each consumer thread adds its 32
+    sums of dQ_i (64 x 64 of the product, 128 threads) atomically."""
+    result = run_sass_script(HOPPER_BACKWARD_SCRIPT, "the Gluon backward")
+    for name, o in result.items():
+        assert o["shared"] <= 232448, f"{name}: {o['shared']} bytes of shared memory"
+        assert o["setmaxnreg"], f"{name}: no register hand-over (setmaxnreg) in its PTX"
+        assert o["wgmma"] > 0, (name, o)
+        assert o["adds"] == 2 * 32, f"{name}: {o['adds']} float32 atomic adds in its PTX (both consumers: 2 x 32)"

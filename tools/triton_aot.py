@@ -132,6 +132,30 @@ def compile_hopper_forward(dtype: str, head_dim: int, window, arch: int = 90):
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
 
 
+def compile_hopper_backward(dtype: str, head_dim: int, window, arch: int = 90):
+    """Compile ``flash_attention_triton/hopper_backward.py``'s Gluon kernel for GPUTarget('cuda', arch, 32), as
+    ``compile_hopper_forward`` does the forward's -> CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from flash_attention_triton import hopper_backward as hb
+
+    ty = _TY.get(dtype, dtype)
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[ty]
+    descs = {name: f"tensordesc<{ty}[1,1,{rows},{head_dim}],{hb.shared_layout([1, 1, rows, head_dim], gdt)!r}>"
+             for name, rows in (("q_desc", hb.BLOCK_M), ("k_desc", 2 * hb.HALF_N), ("v_desc", 2 * hb.HALF_N),
+                                ("do_desc", hb.BLOCK_M))}
+    rows = {name: f"tensordesc<fp32[1,{hb.BLOCK_M}],{hb.row_layout()!r}>" for name in ("lse_desc", "delta_desc")}
+    left, right = _window(window)
+    consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **hb.CONFIG)
+    sig = {**descs, **rows, "DQA": "*fp32", "DK": f"*{ty}", "DV": f"*{ty}", "H": "i32", "group": "i32",
+           "splits": "i32", "Nq": "i32", "Nk": "i32", "scale_log2": "fp32", **{name: "constexpr" for name in consts}}
+    return triton.compile(GluonASTSource(hb.attn_bwd_hopper_kernel, sig, constexprs=consts),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+
+
 def compile_variant(kernel_name: str, dtype: str, head_dim: int, causal, config, arch: int, extra: str = ""):
     """Compile one variant (``compile_kernel``); returns a dict with its shared memory against the target's limit."""
     t0 = time.time()

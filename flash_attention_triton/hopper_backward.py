@@ -1,0 +1,364 @@
+"""The one-kernel backward on a Hopper GPU (sm_90), in Gluon: FlashAttention-3's structure, written in Triton. Opt-in
+(``launch.HOPPER_BACKWARD``, ``FA_TRITON_HOPPER_BACKWARD=1``): on an H200 it is slower than ``backward_kernels.py``.
+
+``backward_kernels.py`` is FlashAttention-2's backward in two kernels: the dQ kernel computes S_ij and dP_ij again,
+so a tile pair costs 7 matrix products instead of 5. This kernel computes each tile pair's S_ij and dP_ij once, as
+``wgmma_backward.cu``'s ``wgmma_bwd_ws`` and FlashAttention-3 do, and sums dQ_i over the K/V blocks in float32
+global memory (``dQaccum``):
+
+    copy warp (1 warp)          K_j, V_j (Bc = 128 keys) once; then Q_i, dO_i, lse2_i, Delta_i into slot u % STAGES
+                                by TMA, for every Q tile (of every query head of the group) that sees the block
+    consumer 0 (4 warps)        keys [0, 64) of the block, columns [0, D / 2) of dQ_i
+    consumer 1 (4 warps)        keys [64, 128) of the block, columns [D / 2, D) of dQ_i
+
+  per Q tile (Br = 64 queries), for the consumer's 64 keys (K_j, V_j its rows of the block), in this order:
+    S_ij^T  = K_j Q_i^T                 (issued with dP^T, waited for alone)
+    dP_ij^T = V_j dO_i^T
+    P_ij^T  = exp2(S_ij^T * scale_log2 - lse2_i)      the forward's probabilities, recomputed
+    dV_j   += P_ij^T dO_i               (A from registers; runs on while dS is computed)
+    dS_ij^T = P_ij^T * (dP_ij^T - Delta_i)
+    dS_ij^T -> shared memory; both consumers' halves make dS_ij (Br x 128), read back transposed
+    dQ_i   += dS_ij K_j                 (the consumer's D / 2 columns, added to dQaccum with atomic adds)
+    dK_j   += dS_ij^T Q_i               (runs on through the adds)
+
+  mbarriers: kv_bar (K_j, V_j arrived), q_full[s] (the slot's four copies arrived), q_empty[s] (one arrive from
+  each consumer once its products that read the slot are done), ds_full[b] (both consumers' dS rows are in buffer
+  b; two buffers, as ``wgmma_bwd_ws``).
+
+Why it is slower (``docs/results/triton/hopper_backward/``): the adds. FlashAttention-3 and ``wgmma_bwd_ws`` hand
+each 64 x D / 2 block of sums to the copy engine (a TMA reduce-add, one instruction); Gluon (Triton 3.6 and 3.7) has
+no reduce-add copy, so each consumer thread adds its 32 sums with atomic adds from the registers of the product, and
+their addresses take registers the loop needs (ptxas spills). On an H200 it runs at 0.60-0.70x cuDNN's backward,
+against 0.68-0.81x for ``backward_kernels.py``; with the adds left out (dQ wrong) the same structure ran at
+1.25-1.37x. The
+order of the adds varies from run to run, so dQ is not bitwise reproducible; dK and dV are.
+
+Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
+log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_cast_kernel`` (dQ =
+softmax_scale * dQaccum in the inputs' dtype). Masks, GQA and splits as in ``backward_kernels.py``:
+``masks.q_blocks`` gives the Q tiles that see the block and which of them need the elementwise mask; a program loops
+over its share of the group's query heads, summing dK_j, dV_j in registers; with ``splits`` > 1 (few K/V heads) it
+writes float32 partial sums that the launcher adds up. What it takes (``takes``): sm_90, fp16 or bf16, D = 128, any
+window, GQA, no dropout; q, k, v, dO with TMA's alignment; at least MIN_FLOPS of work.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                warpgroup_mma_wait)
+
+from .backward_kernels import lse_base2
+from .hopper_forward import MIN_FLOPS, _aligned, _sm90, _visible_pairs, shared_layout
+from .masks import q_blocks, visible
+from .tiles import LOG2E
+
+__all__ = ["takes", "backward", "HEAD_DIMS", "CONFIG"]
+
+# a barrier of the calling partition's warps (gl.thread_barrier in Triton 3.6, gl.barrier from 3.7)
+_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+BLOCK_M = 64  # Br: queries of one streamed Q tile
+HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
+HEAD_DIMS = (128, )
+# slots of Q_i, dO_i (and lse2_i, Delta_i), and the registers of the worker partitions (setmaxnreg)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240)
+
+
+@triton.jit
+def attn_bwd_prep_kernel(O, DO, LSE, LSE2, DELTA, DQA, stride_dob, stride_doh, stride_don, H, Nq, Nq_pad,
+                         HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """For BLOCK rows of one (batch, head): Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i * log2(e) into DELTA,
+    LSE2 (B * H, Nq_pad) float32 (0 past Nq), and dQaccum rows = 0. O (B, H, Nq, HEAD_DIM) and LSE (B, H, Nq)
+    contiguous; DQA (B, H, Nq, HEAD_DIM) float32. Grid: (Nq_pad // BLOCK, B * H)."""
+    pid_bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_DIM)
+    ok = rows < Nq
+    o = tl.load(O + (pid_bh * Nq + rows[:, None]) * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0)
+    do_ptrs = DO + (pid_bh // H) * stride_dob + (pid_bh % H) * stride_doh + rows[:, None] * stride_don + d[None, :]
+    do = tl.load(do_ptrs, mask=ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse2 = lse_base2(tl.load(LSE + pid_bh * Nq + rows, mask=ok, other=0.0))
+    tl.store(DELTA + pid_bh * Nq_pad + rows, tl.where(ok, delta, 0.0))
+    tl.store(LSE2 + pid_bh * Nq_pad + rows, tl.where(ok, lse2, 0.0))
+    tl.store(DQA + (pid_bh * Nq + rows[:, None]) * HEAD_DIM + d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32),
+             mask=ok[:, None])
+
+
+@triton.jit
+def attn_bwd_dq_cast_kernel(DQA, DQ, n, softmax_scale, BLOCK: tl.constexpr):
+    """dQ = softmax_scale * dQaccum, in DQ's dtype (n elements, both contiguous)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(DQA + offs, mask=offs < n)
+    tl.store(DQ + offs, (x * softmax_scale).to(DQ.dtype.element_ty), mask=offs < n)
+
+
+@gluon.jit
+def _copy_warp(q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
+               delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
+               STAGES: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr):
+    """The producer: K_j, V_j (both consumers' halves) once, then for each query head of the share and each Q tile
+    that sees the block, Q_i, dO_i, lse2_i and Delta_i into slot u % STAGES."""
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, k_start, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, k_start, 0], kv_bar, v_smem)
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
+    for g in range(share):
+        off_h = first_h + g
+        bh = off_b * H + off_h
+        for t in range(n_tiles):
+            u = g * n_tiles + t
+            s = u % STAGES
+            i0 = start + t * BLOCK_M
+            # a fresh mbarrier counts the phase before its first as complete: the first STAGES waits return at once
+            mbarrier.wait(q_empty.index(s), ((u // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_full.index(s), tile_bytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, i0, 0], q_full.index(s), q_smem.index(s))
+            tma.async_copy_global_to_shared(do_desc, [off_b, off_h, i0, 0], q_full.index(s), do_smem.index(s))
+            tma.async_copy_global_to_shared(lse_desc, [bh, i0], q_full.index(s), lse_smem.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [bh, i0], q_full.index(s), delta_smem.index(s))
+
+
+@gluon.jit
+def _probs(S_ijT, lse2, keys, rows, Nq, Nk, scale_log2, MASKED: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+           WINDOW_RIGHT: gl.constexpr):
+    """P_ij^T = exp2(S_ij^T * scale_log2 - lse2_i), the forward's probabilities recomputed; MASKED: a partial tile,
+    0 where ``masks.visible`` says query i does not see key j."""
+    P_ijT = gl.exp2(S_ijT * scale_log2 - lse2[None, :])
+    if MASKED:
+        P_ijT = gl.where(visible(rows[None, :], keys[:, None], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), P_ijT, 0.0)
+    return P_ijT
+
+
+@gluon.jit
+def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+             WINDOW_RIGHT: gl.constexpr):
+    """dS_ij^T = P_ij^T * (dP_ij^T - Delta_i); MASKED: 0 where query i does not see key j (0 * NaN is NaN: a hidden
+    pair gets no gradient from a NaN row)."""
+    dS_ijT = P_ijT * (dP_ijT - delta[None, :])
+    if MASKED:
+        dS_ijT = gl.where(visible(rows[None, :], keys[:, None], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), dS_ijT, 0.0)
+    return dS_ijT
+
+
+@gluon.jit
+def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
+              q_empty, ds_full, DQA, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles,
+              pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
+    [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
+    DQ_COLS: gl.constexpr = HEAD_D // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DQ_COLS, 16])
+    # P_ij^T, dS_ij^T as the A operand of dV's and dK's products, from registers
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    r_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # lse2_i, Delta_i in shared memory
+    dtype: gl.constexpr = q_smem.dtype
+    keys = k_start + c * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    k_all = k_smem.reshape([2 * HALF_N, HEAD_D])
+    k = k_all.slice(c * HALF_N, HALF_N, dim=0)  # this warpgroup's keys
+    v = v_smem.reshape([2 * HALF_N, HEAD_D]).slice(c * HALF_N, HALF_N, dim=0)
+    k_cols = k_all.slice(c * DQ_COLS, DQ_COLS, dim=1)  # every key, this warpgroup's columns of dQ
+    rows_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+    cols_q = c * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, q_layout))
+    S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
+    dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
+    dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
+    dv = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
+
+    mbarrier.wait(kv_bar, 0)
+    for g in range(share):
+        dq_head = DQA + (off_b * H + first_h + g).to(gl.int64) * Nq * HEAD_D
+        for t in range(n_tiles):
+            u = g * n_tiles + t
+            s = u % STAGES
+            i0 = start + t * BLOCK_M
+            mbarrier.wait(q_full.index(s), (u // STAGES) & 1)
+            q = q_smem.index(s).reshape([BLOCK_M, HEAD_D])
+            do = do_smem.index(s).reshape([BLOCK_M, HEAD_D])
+            # S_ij^T = K_j Q_i^T and dP_ij^T = V_j dO_i^T, both in flight
+            S_ijT = warpgroup_mma(k, q.permute((1, 0)), S_zero, use_acc=False, is_async=True)
+            dP_ijT = warpgroup_mma(v, do.permute((1, 0)), S_zero, use_acc=False, is_async=True)
+            partial = (i0 < full_start) | (i0 >= full_end)
+            S_ijT = warpgroup_mma_wait(1, deps=(S_ijT, ))  # S alone: dP runs on through P's exponentials
+            lse2 = gl.convert_layout(gl.sum(lse_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            if partial:
+                P_ijT = _probs(S_ijT, lse2, keys, i0 + cols, Nq, Nk, scale_log2, True, WINDOW_LEFT, WINDOW_RIGHT)
+            else:
+                P_ijT = _probs(S_ijT, lse2, keys, i0 + cols, Nq, Nk, scale_log2, False, WINDOW_LEFT, WINDOW_RIGHT)
+            # dV_j += P_ij^T dO_i
+            dv = warpgroup_mma(gl.convert_layout(P_ijT.to(dtype), a_layout), do, dv, is_async=True)
+            dP_ijT = warpgroup_mma_wait(1, deps=(dP_ijT, ))  # dV's product runs on through dS
+            delta = gl.convert_layout(gl.sum(delta_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            if partial:
+                dS_ijT = _dscores(P_ijT, dP_ijT, delta, keys, i0 + cols, Nq, Nk, True, WINDOW_LEFT, WINDOW_RIGHT)
+            else:
+                dS_ijT = _dscores(P_ijT, dP_ijT, delta, keys, i0 + cols, Nq, Nk, False, WINDOW_LEFT, WINDOW_RIGHT)
+            dS16 = dS_ijT.to(dtype)
+            # dS_ij^T of this warpgroup's keys into rows [c * HALF_N, + HALF_N) of buffer u % 2; once both
+            # warpgroups' rows are there (ds_full), dS_ij is read back transposed as the A operand of dQ's product.
+            # Buffer u % 2 is written again at tile u + 2, after the other warpgroup's arrive of tile u + 1, which
+            # it makes only once its product of tile u is done
+            ds = ds_smem.index(u % 2)
+            ds.slice(c * HALF_N, HALF_N, dim=0).store(dS16)
+            fence_async_shared()
+            _sync_warps()  # every thread of this warpgroup has stored its part
+            mbarrier.arrive(ds_full.index(u % 2), count=1)
+            mbarrier.wait(ds_full.index(u % 2), (u // 2) & 1)
+            # dQ_i (its columns) += dS_ij K_j, then dK_j += dS_ij^T Q_i
+            dq = warpgroup_mma(ds.permute((1, 0)), k_cols, dQ_zero, use_acc=False, is_async=True)
+            dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
+            dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dK's product runs on through the adds
+            ptrs = dq_head + (i0 + rows_q[:, None]) * HEAD_D + cols_q[None, :]
+            gl.atomic_add(ptrs, dq, mask=(i0 + rows_q[:, None]) < Nq, sem="relaxed")
+            dk = warpgroup_mma_wait(0, deps=(dk, ))
+            mbarrier.arrive(q_empty.index(s), count=1)
+
+    # dK_j = softmax_scale * sum dS_ij^T Q_i, dV_j = sum P_ij^T dO_i (over the share's query heads): rows < Nk
+    keys_g = k_start + c * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, g_layout))
+    d_g = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, g_layout))
+    out = pid_out.to(gl.int64) * Nk * HEAD_D + keys_g[:, None] * HEAD_D + d_g[None, :]
+    gl.store(DK + out, (dk * (scale_log2 * 0.6931471805599453)).to(DK.dtype.element_ty), mask=keys_g[:, None] < Nk)
+    gl.store(DV + out, dv.to(DV.dtype.element_ty), mask=keys_g[:, None] < Nk)
+
+
+@gluon.jit(do_not_specialize=["H", "group", "splits", "Nq", "Nk"])
+def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, DK, DV, H, group, splits, Nq,
+                           Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
+                           WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
+                           CONSUMER_REGS: gl.constexpr):
+    """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
+    dQaccum.
+
+    q_desc, do_desc: TMA descriptors of Q, dO (B, H, Nq, HEAD_D), blocks (1, 1, BLOCK_M, HEAD_D); k_desc, v_desc: of
+    K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
+    Nq_pad) float32, blocks (1, BLOCK_M). DQA (B, H, Nq, HEAD_D) float32, zeroed; DK, DV (B, Hk * splits, Nk,
+    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid:
+    (cdiv(Nk, Bc), B * Hk * splits).
+    """
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HALF_N: gl.constexpr = k_desc.block_type.shape[2] // 2
+    Hk = H // group
+    pid_out = gl.program_id(1)
+    off_b = pid_out // (Hk * splits)
+    off_hs = pid_out % (Hk * splits)
+    off_hk = off_hs // splits
+    share = group // splits
+    first_h = off_hk * group + (off_hs % splits) * share  # this program's first query head
+    k_start = gl.program_id(0) * 2 * HALF_N
+    # the Q tiles that see this K/V block: [start, end), of which [full_start, full_end) need no elementwise mask
+    start, full_start, full_end, end = q_blocks(k_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, 2 * HALF_N)
+    n_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, 1, 2 * HALF_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, 1, 2 * HALF_N, HEAD_D], v_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * HALF_N, BLOCK_M], q_desc.dtype)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * HALF_N, BLOCK_M], ds_layout)  # dS_ij^T, 2 buffers
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for b in gl.static_range(2):
+        mbarrier.init(ds_full.index(b), count=2)  # one arrive from each consumer
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_full.index(s), count=1)  # the copy warp's expect, then the copy engine's bytes
+        mbarrier.init(q_empty.index(s), count=2)  # one arrive from each consumer
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, DQA,
+                     DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, DQA,
+                     DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
+                      delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
+                      STAGES, BLOCK_M, HALF_N)),
+    ], [4, 1], [CONSUMER_REGS, COPY_REGS])
+
+
+def row_layout():
+    """The shared layout of a (1, BLOCK_M) float32 tile of lse2 or Delta (TMA's destination, unswizzled)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _layouts(D: int, dtype: torch.dtype) -> tuple:
+    """The shared layouts of the Q/dO tiles and the K/V tiles."""
+    gdt = gl.float16 if dtype == torch.float16 else gl.bfloat16
+    return shared_layout([1, 1, BLOCK_M, D], gdt), shared_layout([1, 1, 2 * HALF_N, D], gdt)
+
+
+def takes(q, k, v, do, dropout: bool, window) -> bool:
+    """Whether this kernel runs the call (the module docstring); else ``backward_kernels.py`` does."""
+    B, H, Nq, D = q.shape
+    return (not dropout and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D in HEAD_DIMS
+            and do.dtype == q.dtype
+            and _sm90(q.device.index if q.device.index is not None else torch.cuda.current_device())
+            and all(_aligned(x) for x in (q, k, v, do))
+            and 4.0 * B * H * D * _visible_pairs(Nq, k.shape[2], tuple(window)) >= MIN_FLOPS)
+
+
+_COMPILED: dict = {}  # (dtype, D, window, device) -> the compiled Gluon kernel (as hopper_forward.py's)
+
+
+def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
+    """(dq, dk, dv) for inputs ``takes`` accepted; dk, dv (B, Hk, Nk, D) summed over each group; o, lse contiguous
+    (the forward's); window = (left, right); splits as ``launch.dkdv_splits`` chose."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    B, H, Nq, D = q.shape
+    Hk, Nk = k.shape[1], k.shape[2]
+    group = H // Hk
+    Nq_pad = -(-Nq // BLOCK_M) * BLOCK_M
+    dev = q.device
+    lse2 = torch.empty((B * H, Nq_pad), dtype=torch.float32, device=dev)
+    delta = torch.empty((B * H, Nq_pad), dtype=torch.float32, device=dev)
+    dqa = torch.empty((B, H, Nq, D), dtype=torch.float32, device=dev)
+    attn_bwd_prep_kernel[(Nq_pad // BLOCK_M, B * H)](o, do, lse, lse2, delta, dqa, do.stride(0), do.stride(1),
+                                                     do.stride(2), H, Nq, Nq_pad, HEAD_DIM=D, BLOCK=BLOCK_M)
+    q_layout, kv_layout = _layouts(D, q.dtype)
+    descs = (TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, BLOCK_M, D], q_layout),
+             TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, 2 * HALF_N, D], kv_layout),
+             TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, 2 * HALF_N, D], kv_layout),
+             TensorDescriptor(do, list(do.shape), list(do.stride()), [1, 1, BLOCK_M, D], q_layout),
+             TensorDescriptor(lse2, list(lse2.shape), list(lse2.stride()), [1, BLOCK_M], row_layout()),
+             TensorDescriptor(delta, list(delta.shape), list(delta.stride()), [1, BLOCK_M], row_layout()))
+    if splits == 1:
+        dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
+        dk_out, dv_out = dk, dv
+    else:
+        dk_out, dv_out = (torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
+    grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
+    args = (*descs, dqa, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
+    consts = (D, window[0], window[1], *CONFIG.values())
+    key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        _COMPILED[key] = attn_bwd_hopper_kernel[grid](*args, *consts, num_warps=4)
+    else:
+        stream = triton.runtime.driver.active.get_current_stream(dev.index)
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *args, *consts)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    n = dq.numel()
+    attn_bwd_dq_cast_kernel[(-(-n // 4096), )](dqa, dq, n, scale, BLOCK=4096)
+    if splits > 1:
+        dk = dk_out.view(B, Hk, splits, Nk, D).sum(dim=2).to(k.dtype)
+        dv = dv_out.view(B, Hk, splits, Nk, D).sum(dim=2).to(v.dtype)
+    return dq, dk, dv

@@ -1,0 +1,101 @@
+"""flash_attention_triton/hopper_backward.py: the one-kernel Gluon backward (opt-in, ``FA_TRITON_HOPPER_BACKWARD=1``).
+
+On any machine: the dispatch is off by default and takes only what the kernel handles (that the kernel compiles for
+sm_90 is tests/test_triton_aot_compile.py's). On an sm_90 GPU: dQ, dK, dV against the float64 reference on odd sizes,
+Nq != Nk, every window kind, grouped-query heads (and the float32 splits of MQA), both dtypes, NaN and rows that see
+no key, within twice the two-kernel backward's error; and the opted-in dispatch runs it.
+"""
+import pytest
+import torch
+
+from flash_attention_py import attention_reference_grads, make_inputs, masks
+
+pytest.importorskip("triton")
+hb = pytest.importorskip("flash_attention_triton.hopper_backward")
+from flash_attention_triton import launch as L  # noqa: E402
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and not L.INTERPRETED
+sm90 = pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (Hopper) with Triton compiling, not interpreting")
+
+
+def test_off_by_default_and_takes_only_what_the_kernel_handles():
+    """Without FA_TRITON_HOPPER_BACKWARD=1 the two-kernel backward runs every call; the kernel refuses CPU tensors,
+    dropout, fp32, other head dims and unaligned inputs."""
+    assert L.HOPPER_BACKWARD is False or __import__("os").environ.get("FA_TRITON_HOPPER_BACKWARD") == "1"
+    x = make_inputs(1, 2, 64, 64, 128, dtype="float16", kind="torch")
+    assert not hb.takes(x["q"], x["k"], x["v"], x["do"], False, masks.FULL)  # a CPU tensor
+    if SM90:
+        y = make_inputs(1, 16, 2048, 4096, 128, dtype="float16", device="cuda")
+        q, k, v, do = y["q"], y["k"], y["v"], y["do"]
+        assert hb.takes(q, k, v, do, False, masks.CAUSAL) and not hb.takes(q, k, v, do, True, masks.CAUSAL)
+        assert not hb.takes(q.float(), k.float(), v.float(), do.float(), False, masks.FULL)
+        z = make_inputs(1, 16, 2048, 4096, 64, dtype="float16", device="cuda")
+        assert not hb.takes(z["q"], z["k"], z["v"], z["do"], False, masks.FULL)
+        buf = torch.empty(do.numel() + 1, dtype=do.dtype, device="cuda")
+        assert not hb.takes(q, k, v, buf[1:].view(do.shape), False, masks.FULL)  # 2 bytes off: no TMA
+
+
+CASES = [  # (B, Hq, Hk, Nq, Nk, window, splits or None: launch.dkdv_splits)
+    (1, 2, 2, 1, 1, masks.FULL, None),
+    (2, 3, 3, 17, 17, masks.CAUSAL, None),
+    (1, 4, 2, 100, 300, masks.CAUSAL, None),
+    (1, 4, 1, 300, 100, masks.CAUSAL, None),  # rows above the first key see none: no gradient from them
+    (2, 4, 4, 1000, 1000, (64, 0), None),  # causal local attention
+    (1, 8, 2, 333, 517, (3, 7), None),  # asymmetric window
+    (1, 2, 1, 260, 250, (5000, 5000), None),  # a window wider than N
+    (1, 2, 2, 129, 1000, (0, 0), None),
+    (1, 6, 3, 1000, 777, masks.FULL, None),
+    (1, 8, 1, 640, 640, masks.FULL, 4),  # MQA, the group split over 4 programs: float32 partial sums
+]
+
+
+def _err(a, b):
+    return (a.double() - b).abs().max().item()
+
+
+@sm90
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}Hq{}Hk{}Nq{}Nk{}w{}_{}s{}".format(*c[:5], *c[5], c[6]))
+def test_matches_float64(case, dtype):
+    B, Hq, Hk, Nq, Nk, window, splits = case
+    x = make_inputs(B, Hq, Nq, Nk, 128, dtype=dtype, device="cuda", Hk=Hk)
+    q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+    scale = 128 ** -0.5
+    o, lse = L._forward(q, k, v, window, scale)
+    refs = [torch.as_tensor(r, device="cuda") for r in attention_reference_grads(q, k, v, do, window_size=window)]
+    two = L._backward(q, k, v, o, lse, do, window, scale)  # backward_kernels.py (the opt-in is off here)
+    splits = splits or L.dkdv_splits(B, Hk, Hq // Hk, Nk, q.device)
+    got = hb.backward(q, k, v, o, lse, do, window, scale, splits)
+    floor = {"float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    for name, g, t, r in zip(("dq", "dk", "dv"), got, two, refs):
+        assert g.shape == r.shape and g.dtype == q.dtype, name
+        rel = ((g.double() - r).norm() / r.norm().clamp_min(1e-300)).item()
+        assert _err(g, r) <= 2 * _err(t, r) + floor, f"{name}: max-abs {_err(g, r):.2e} (relative norm {rel:.2e}), " \
+                                                    f"two-kernel {_err(t, r):.2e}"
+
+
+@sm90
+def test_nan_in_gives_nan_where_the_reference_has_it_and_the_opt_in_runs_it(monkeypatch):
+    """A NaN in one key row: NaN in the same gradient entries as the two-kernel backward (dQ of every query that sees
+    that key among them); with HOPPER_BACKWARD the library's backward is this kernel's."""
+    from flash_attention_triton import flash_attn_triton
+
+    x = make_inputs(1, 2, 256, 256, 128, dtype="float16", device="cuda")
+    k = x["k"].clone()
+    k[0, 1, 100, 5] = float("nan")
+    o, lse = L._forward(x["q"], k, x["v"], masks.CAUSAL, 0.1)
+    dq, dk, dv = hb.backward(x["q"], k, x["v"], o, lse, x["do"], masks.CAUSAL, 0.1, 1)
+    two = L._backward(x["q"], k, x["v"], o, lse, x["do"], masks.CAUSAL, 0.1)
+    for name, g, t in zip(("dq", "dk", "dv"), (dq, dk, dv), two):
+        assert torch.equal(torch.isnan(g), torch.isnan(t)), name
+    assert torch.isnan(dq[0, 1, 100:]).all(1).any() and not torch.isnan(dq[0, 1, :100]).any()
+    monkeypatch.setattr(L, "HOPPER_BACKWARD", True)
+    monkeypatch.setattr(hb, "MIN_FLOPS", 0.0)  # (this call is far smaller)
+    ran = []
+    real = hb.backward
+    monkeypatch.setattr(hb, "backward", lambda *a: ran.append(1) or real(*a))
+    q = x["q"].clone().requires_grad_()
+    flash_attn_triton(q, x["k"], x["v"], causal=True).backward(x["do"])
+    assert ran, "HOPPER_BACKWARD = True did not run the Gluon backward"
+    ref = torch.as_tensor(attention_reference_grads(x["q"], x["k"], x["v"], x["do"], causal=True)[0], device="cuda")
+    assert _err(q.grad, ref) <= 4e-3
