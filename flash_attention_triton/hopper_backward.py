@@ -28,9 +28,10 @@ global memory (``dQaccum``):
 Why it is slower (``docs/results/triton/hopper_backward/``): the adds. FlashAttention-3 and ``wgmma_bwd_ws`` hand
 each 64 x D / 2 block of sums to the copy engine (a TMA reduce-add, one instruction); Gluon (Triton 3.6 and 3.7) has
 no reduce-add copy, so each consumer thread adds its 32 sums with atomic adds from the registers of the product, and
-their addresses take registers the loop needs (ptxas spills). On an H200 it runs at 0.60-0.70x cuDNN's backward,
-against 0.68-0.81x for ``backward_kernels.py``; with the adds left out (dQ wrong) the same structure ran at
-1.25-1.37x. The
+their addresses take registers the loop needs (ptxas spills). On an H200 it runs at 0.6-0.7x cuDNN's backward, below
+``backward_kernels.py``'s 0.7-0.8x. The adds are the whole gap: with them left out (dQ then wrong), a development form
+of the kernel ran at 1.25-1.37x; the adds as float32 pairs (``red.global.add.v2.f32``, half the instructions) ran no
+faster. The
 order of the adds varies from run to run, so dQ is not bitwise reproducible; dK and dV are.
 
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *

@@ -1,0 +1,77 @@
+#!/usr/bin/env python
+"""The Triton rung's two backwards on a Hopper GPU, beside cuDNN's, in one run: ``backward_kernels.py`` (two kernels,
+7 products a tile pair) and ``hopper_backward.py`` (one Gluon kernel, 5 products, dQ summed by atomic adds).
+
+    PYTHONPATH=. FA_CUDA_LAUNCH_PLANS=0 python tools/hopper_backward_ab.py --out results/hopper_backward
+    PYTHONPATH=. python tools/hopper_backward_ab.py --shapes 2x32x8x4096,1x32x8x16384 --causal both
+
+Each shape is BxHqxHkxN (D = 128, fp16): first the Gluon kernel's dQ, dK, dV against the two-kernel backward's
+(max-abs difference), then the median times (``triton.testing.do_bench``, CUDA events) of the backward alone: cuDNN's
+(SDPA with ``enable_gqa``, through autograd), the two-kernel one and the Gluon one, and each as x cuDNN (above 1:
+faster than cuDNN). Both Triton backwards get the same forward's O and lse; splits as ``launch.dkdv_splits`` picks.
+``--out DIR`` also writes the table to DIR/hopper_backward_ab.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+SHAPES = "2x32x8x4096,2x32x1x4096,4x16x16x4096,1x32x8x16384"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=SHAPES, help=f"BxHqxHkxN, comma-separated (default {SHAPES})")
+    ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
+    ap.add_argument("--out", default=None, help="folder for hopper_backward_ab.md")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from tqdm import tqdm
+    from triton.testing import do_bench
+
+    from flash_attention_py import make_inputs, masks
+    from flash_attention_triton import hopper_backward as hb
+    from flash_attention_triton import launch as L
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        raise SystemExit("hopper_backward_ab.py: needs an sm_90 GPU (Hopper)")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    for s in shapes:
+        if len(s) != 4:
+            raise SystemExit(f"hopper_backward_ab.py: --shapes takes BxHqxHkxN, got {'x'.join(map(str, s))}")
+    flags = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit or '?'}.", "",
+             "| B | Hq | Hk | N | causal | splits | max-abs dQ, dK, dV vs two-kernel | cuDNN ms | two-kernel ms | x cuDNN "
+             "| Gluon ms | x cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (B, H, Hk, N), causal in tqdm([(s, c) for s in shapes for c in flags], desc="shapes"):
+        D = 128
+        x = make_inputs(B, H, N, N, D, dtype="float16", device="cuda", Hk=Hk, draw="device")
+        q, k, v, do = x["q"], x["k"], x["v"], x["do"]
+        scale, window = D ** -0.5, masks.window_for(causal)
+        o, lse = L._forward(q, k, v, window, scale)
+        splits = L.dkdv_splits(B, Hk, H // Hk, N, q.device)
+        two = L._backward(q, k, v, o, lse, do, window, scale)
+        one = hb.backward(q, k, v, o, lse, do, window, scale, splits)
+        diff = ", ".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(one, two))
+        t_two = do_bench(lambda: L._backward(q, k, v, o, lse, do, window, scale), warmup=25, rep=200)
+        t_one = do_bench(lambda: hb.backward(q, k, v, o, lse, do, window, scale, splits), warmup=25, rep=200)
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hk < H)
+        t_cudnn = do_bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), warmup=25, rep=200)
+        lines.append(f"| {B} | {H} | {Hk} | {N} | {causal} | {splits} | {diff} | {t_cudnn:.3f} | {t_two:.3f} | "
+                     f"{t_cudnn / t_two:.2f} | {t_one:.3f} | {t_cudnn / t_one:.2f} |")
+    print("\n".join(lines))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "hopper_backward_ab.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
