@@ -19,7 +19,9 @@ runs the same tools over the Triton kernels instead (forward, dQ with Delta, dK/
 kernel is compiled once before the tools run): fp16, bf16 and float32 at small odd shapes (N = 17 to 400, D = 40
 to 256, Nq != Nk both ways), causal, windows bounded on one side and on both (with full blocks between two
 partial stages: the merged partial loop of ``masks.two_spans``), grouped-query heads and dropout, each on the
-fixed small-problem config and, for 16-bit inputs up to D = 128, on the autotuner's largest tiles as well.
+fixed small-problem config and, for 16-bit inputs up to D = 128, on the autotuner's largest tiles as well; then, on
+an sm_90 GPU, the Gluon forward and backward (``hopper_forward.py``, ``hopper_backward.py``) at D = 128, called
+directly (``GLUON_CASES``). ``--kernels gluon`` runs only those.
 """
 from __future__ import annotations
 
@@ -201,8 +203,38 @@ TRITON_CASES = [  # (B, Hq, Hk, Nq, Nk, D, dtypes, (causal, window_size, dropout
 TRITON_FORCED = ({"fwd": (128, 64, 8, 3), "dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 3)},)
 
 
-def triton_inner() -> int:
-    """Launch the Triton kernels over TRITON_CASES (under compute-sanitizer, from main)."""
+# the Gluon kernels on a Hopper (hopper_forward.py, hopper_backward.py; D = 128, 16-bit inputs), called directly (the
+# library sends calls this small to the other kernels): (B, Hq, Hk, Nq, Nk, window, splits of the backward)
+GLUON_CASES = [
+    (1, 2, 2, 100, 100, (-1, -1), 1),
+    (2, 2, 1, 100, 37, (-1, 0), 1),  # causal, Nq > Nk: rows that see no key
+    (1, 4, 2, 37, 200, (16, 8), 2),  # a window bounded on both sides; the group split in two (float32 partial sums)
+    (1, 2, 2, 300, 300, (-1, 0), 1),  # several tiles a program
+]
+
+
+def gluon_inner() -> int:
+    """Launch the Gluon kernels over GLUON_CASES; returns the number of launches (0 off an sm_90 GPU)."""
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return 0
+    from flash_attention_py import make_inputs
+    from flash_attention_triton import hopper_backward, hopper_forward
+
+    n = 0
+    for B, Hq, Hk, Nq, Nk, window, splits in GLUON_CASES:
+        for dtype in ("float16", "bfloat16"):
+            x = make_inputs(B, Hq, Nq, Nk, 128, dtype=dtype, kind="torch", device="cuda", seed=n, Hk=Hk)
+            o, lse = hopper_forward.forward(x["q"], x["k"], x["v"], window, 128 ** -0.5)
+            hopper_backward.backward(x["q"], x["k"], x["v"], o, lse, x["do"], window, 128 ** -0.5, splits)
+            n += 4  # the forward; the backward's preparation, Gluon kernel and dQ cast
+    return n
+
+
+def triton_inner(kernels=frozenset()) -> int:
+    """Launch the Triton kernels over TRITON_CASES (under compute-sanitizer, from main); ``kernels`` {'gluon'}: only
+    the Gluon kernels (GLUON_CASES), which run after the others by default."""
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,7 +242,7 @@ def triton_inner() -> int:
     from flash_attention_triton import launch as L
 
     n = 0
-    for B, Hq, Hk, Nq, Nk, D, dtypes, kinds in TRITON_CASES:
+    for B, Hq, Hk, Nq, Nk, D, dtypes, kinds in (TRITON_CASES if kernels != {"gluon"} else []):
         for dtype in dtypes:
             x = make_inputs(B, Hq, Nq, Nk, D, dtype=dtype, kind="torch", device="cuda", seed=n)
             q = x["q"]
@@ -224,6 +256,7 @@ def triton_inner() -> int:
                     L._backward(q, k, v, o, lse, x["do"], window, D ** -0.5,
                                 configs=cfg and {"dkdv": cfg["dkdv"], "dq": cfg["dq"]}, **drop)
                     n += 3
+    n += gluon_inner()
     torch.cuda.synchronize()
     print(f"inner: {n} kernel launches done")
     return 0
@@ -245,11 +278,12 @@ def main() -> int:
     head_dims = {int(d) for d in args.head_dims.split(",") if d}
     kernels = frozenset(k for k in args.kernels.split(",") if k)
     if args.inner:
-        return triton_inner() if args.backend == "triton" else inner(head_dims, kernels)
+        return triton_inner(kernels) if args.backend == "triton" else inner(head_dims, kernels)
     ok = True
     summary = []
     if args.backend == "triton":  # compile every kernel once outside the sanitizer: the tools then load them
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--inner", "--backend", "triton"], check=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--inner", "--backend", "triton", "--kernels",
+                        args.kernels], check=True)
     for tool in args.tools.split(","):
         cmd = [args.sanitizer, "--tool", tool, "--target-processes", "all"]
         if tool == "memcheck":
