@@ -31,8 +31,7 @@ no reduce-add copy, so each consumer thread adds its 32 sums with atomic adds fr
 their addresses take registers the loop needs (ptxas spills). On an H200 it runs at 0.6-0.7x cuDNN's backward, below
 ``backward_kernels.py``'s 0.7-0.8x. The adds are the whole gap: with them left out (dQ then wrong), a development form
 of the kernel ran at 1.25-1.37x; the adds as float32 pairs (``red.global.add.v2.f32``, half the instructions) ran no
-faster. The
-order of the adds varies from run to run, so dQ is not bitwise reproducible; dK and dV are.
+faster. The order of the adds varies from run to run, so dQ is not bitwise reproducible; dK and dV are.
 
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
 log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_cast_kernel`` (dQ =
@@ -340,11 +339,9 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
              TensorDescriptor(do, list(do.shape), list(do.stride()), [1, 1, BLOCK_M, D], q_layout),
              TensorDescriptor(lse2, list(lse2.shape), list(lse2.stride()), [1, BLOCK_M], row_layout()),
              TensorDescriptor(delta, list(delta.shape), list(delta.stride()), [1, BLOCK_M], row_layout()))
-    if splits == 1:
-        dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
-        dk_out, dv_out = dk, dv
-    else:
-        dk_out, dv_out = (torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
+    dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
+    dk_out, dv_out = (dk, dv) if splits == 1 else (
+        torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
     args = (*descs, dqa, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
@@ -360,6 +357,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     n = dq.numel()
     attn_bwd_dq_cast_kernel[(-(-n // 4096), )](dqa, dq, n, scale, BLOCK=4096)
     if splits > 1:
-        dk = dk_out.view(B, Hk, splits, Nk, D).sum(dim=2).to(k.dtype)
-        dv = dv_out.view(B, Hk, splits, Nk, D).sum(dim=2).to(v.dtype)
+        from .launch import _sum_splits
+
+        _sum_splits(dk, dv, dk_out, dv_out, splits)
     return dq, dk, dv
