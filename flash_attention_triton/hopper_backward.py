@@ -48,8 +48,10 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                 warpgroup_mma_wait)
+from triton._C.libtriton import ir
 
 from .backward_kernels import lse_base2
 from .hopper_forward import MIN_FLOPS, _aligned, _sm90, _visible_pairs, shared_layout
@@ -60,6 +62,16 @@ __all__ = ["takes", "backward", "HEAD_DIMS", "CONFIG"]
 
 # a barrier of the calling partition's warps (gl.thread_barrier in Triton 3.6, gl.barrier from 3.7)
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """The copy engine adds the tile in shared memory ``src`` to global memory at ``coord`` of ``tensor_desc``
+    (``cp.reduce.async.bulk.tensor ... .add``; out-of-bounds rows are dropped). Gluon's ``tma`` module (Triton 3.6,
+    3.7) offers loads and stores only; its op builder has the reduce, which this calls. Wait for it with
+    ``tma.store_wait`` before ``src`` is written again."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
@@ -147,8 +159,8 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 
 @gluon.jit
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
-              q_empty, ds_full, DQA, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles,
-              pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
+              q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
+              n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
               STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
@@ -169,8 +181,11 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     k = k_all.slice(c * HALF_N, HALF_N, dim=0)  # this warpgroup's keys
     v = v_smem.reshape([2 * HALF_N, HEAD_D]).slice(c * HALF_N, HALF_N, dim=0)
     k_cols = k_all.slice(c * DQ_COLS, DQ_COLS, dim=1)  # every key, this warpgroup's columns of dQ
-    rows_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-    cols_q = c * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, q_layout))
+    # this warpgroup's sums of dQ_i, handed to the copy engine as DQ_COLS / DQ_BOX boxes of DQ_BOX columns (a box
+    # of a 128-byte swizzle spans 128 bytes; the wider tile is those boxes one after another)
+    DQ_BOX: gl.constexpr = dq_desc.block_type.shape[3]
+    dq_tile = dq_smem.index(c)
+    dq_boxes = dq_tile._reinterpret(gl.float32, [DQ_COLS // DQ_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
     S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
@@ -178,7 +193,6 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 
     mbarrier.wait(kv_bar, 0)
     for g in range(share):
-        dq_head = DQA + (off_b * H + first_h + g).to(gl.int64) * Nq * HEAD_D
         for t in range(n_tiles):
             u = g * n_tiles + t
             s = u % STAGES
@@ -219,10 +233,18 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             dq = warpgroup_mma(ds.permute((1, 0)), k_cols, dQ_zero, use_acc=False, is_async=True)
             dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dK's product runs on through the adds
-            ptrs = dq_head + (i0 + rows_q[:, None]) * HEAD_D + cols_q[None, :]
-            gl.atomic_add(ptrs, dq, mask=(i0 + rows_q[:, None]) < Nq, sem="relaxed")
+            # dQaccum[rows of Q_i, its columns] += dq, by the copy engine (rows past Nq are dropped); the add of
+            # tile u - 1 has read dq_tile long since, but must be waited for before dq_tile is written again
+            tma.store_wait(0)
+            _sync_warps()
+            dq_tile.store(dq)
+            fence_async_shared()
+            _sync_warps()
+            for b in gl.static_range(DQ_COLS // DQ_BOX):
+                _tma_reduce_add(dq_desc, [off_b, first_h + g, i0, c * DQ_COLS + b * DQ_BOX], dq_boxes.index(b))
             dk = warpgroup_mma_wait(0, deps=(dk, ))
             mbarrier.arrive(q_empty.index(s), count=1)
+    tma.store_wait(0)  # the last add has read dq_tile
 
     # dK_j = softmax_scale * sum dS_ij^T Q_i, dV_j = sum P_ij^T dO_i (over the share's query heads): rows < Nk
     keys_g = k_start + c * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, g_layout))
@@ -233,7 +255,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 
 
 @gluon.jit(do_not_specialize=["H", "group", "splits", "Nq", "Nk"])
-def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, DQA, DK, DV, H, group, splits, Nq,
+def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
                            CONSUMER_REGS: gl.constexpr):
@@ -242,7 +264,8 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
 
     q_desc, do_desc: TMA descriptors of Q, dO (B, H, Nq, HEAD_D), blocks (1, 1, BLOCK_M, HEAD_D); k_desc, v_desc: of
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
-    Nq_pad) float32, blocks (1, BLOCK_M). DQA (B, H, Nq, HEAD_D) float32, zeroed; DK, DV (B, Hk * splits, Nk,
+    Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
+    BLOCK_M, HEAD_D / 2); DK, DV (B, Hk * splits, Nk,
     HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid:
     (cdiv(Nk, Bc), B * Hk * splits).
     """
@@ -272,6 +295,8 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D // 2], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2], dq_tile_layout)  # one per consumer
     mbarrier.init(kv_bar, count=1)
     for b in gl.static_range(2):
         mbarrier.init(ds_full.index(b), count=2)  # one arrive from each consumer
@@ -280,11 +305,11 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
         mbarrier.init(q_empty.index(s), count=2)  # one arrive from each consumer
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, DQA,
-                     DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
+        (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
+                     dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
                      scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
-        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, DQA,
-                     DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
+        (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
+                     dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
                      scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
@@ -295,6 +320,14 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
 def row_layout():
     """The shared layout of a (1, BLOCK_M) float32 tile of lse2 or Delta (TMA's destination, unswizzled)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+DQ_BOX = 32  # columns of one reduce-add's box of float32 dQ sums: 128 bytes, the swizzle's span
+
+
+def dq_layout():
+    """The shared layout of a (1, 1, BLOCK_M, DQ_BOX) float32 box of dQ sums (a reduce-add's source)."""
+    return shared_layout([1, 1, BLOCK_M, DQ_BOX], gl.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -338,12 +371,13 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
              TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, 2 * HALF_N, D], kv_layout),
              TensorDescriptor(do, list(do.shape), list(do.stride()), [1, 1, BLOCK_M, D], q_layout),
              TensorDescriptor(lse2, list(lse2.shape), list(lse2.stride()), [1, BLOCK_M], row_layout()),
-             TensorDescriptor(delta, list(delta.shape), list(delta.stride()), [1, BLOCK_M], row_layout()))
+             TensorDescriptor(delta, list(delta.shape), list(delta.stride()), [1, BLOCK_M], row_layout()),
+             TensorDescriptor(dqa, list(dqa.shape), list(dqa.stride()), [1, 1, BLOCK_M, DQ_BOX], dq_layout()))
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    args = (*descs, dqa, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
+    args = (*descs, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())
     compiled = _COMPILED.get(key)
