@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """The Triton rung's two backwards on a Hopper GPU, beside cuDNN's, in one run: ``backward_kernels.py`` (two kernels,
-7 products a tile pair) and ``hopper_backward.py`` (one Gluon kernel, 5 products, dQ summed by atomic adds).
+7 products a tile pair) and ``hopper_backward.py`` (one Gluon kernel, 5 products, dQ summed by the copy engine's
+reduce-adds).
 
     PYTHONPATH=. FA_CUDA_LAUNCH_PLANS=0 python tools/hopper_backward_ab.py --out results/hopper_backward
     PYTHONPATH=. python tools/hopper_backward_ab.py --shapes 2x32x8x4096,1x32x8x16384 --causal both
+    PYTHONPATH=. python tools/hopper_backward_ab.py --configs "DQ_BUFS=1;DQ_BUFS=2,HEADS_FIRST=0"
 
 Each shape is BxHqxHkxN (D = 128, fp16): first the Gluon kernel's dQ, dK, dV against the two-kernel backward's
 (max-abs difference), then the median times (``triton.testing.do_bench``, CUDA events) of the backward alone: cuDNN's
 (SDPA with ``enable_gqa``, through autograd), the two-kernel one and the Gluon one, and each as x cuDNN (above 1:
 faster than cuDNN). Both Triton backwards get the same forward's O and lse; splits as ``launch.dkdv_splits`` picks.
-``--out DIR`` also writes the table to DIR/hopper_backward_ab.md.
+``--configs`` times the Gluon kernel once for each of its ``;``-separated settings of ``hopper_backward.CONFIG`` (each
+``KEY=VALUE,...`` over the defaults), a column each. ``--out DIR`` also writes the table to
+DIR/hopper_backward_ab.md.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=SHAPES, help=f"BxHqxHkxN, comma-separated (default {SHAPES})")
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
+    ap.add_argument("--configs", default="", help="settings of hopper_backward.CONFIG to time, ';'-separated, each "
+                    "KEY=VALUE,... over the defaults (default: the defaults alone)")
     ap.add_argument("--out", default=None, help="folder for hopper_backward_ab.md")
     args = ap.parse_args()
 
@@ -44,10 +50,21 @@ def main() -> None:
         if len(s) != 4:
             raise SystemExit(f"hopper_backward_ab.py: --shapes takes BxHqxHkxN, got {'x'.join(map(str, s))}")
     flags = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
+    default = dict(hb.CONFIG)
+    configs = [{}]
+    if args.configs:
+        configs = [dict(kv.split("=", 1) for kv in c.split(",") if kv) for c in args.configs.split(";")]
+        for c in configs:
+            if set(c) - set(default):
+                raise SystemExit(f"hopper_backward_ab.py: --configs sets {sorted(set(c) - set(default))}, "
+                                 f"expected keys of {sorted(default)}")
+        configs = [{k: int(v) for k, v in c.items()} for c in configs]
+    names = [("Gluon " + ",".join(f"{k}={v}" for k, v in c.items())).strip() for c in configs]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit or '?'}.", "",
+             f"Gluon: hopper_backward.CONFIG = {default}, each column's settings over it.", "",
              "| B | Hq | Hk | N | causal | splits | max-abs dQ, dK, dV vs two-kernel | cuDNN ms | two-kernel ms | x cuDNN "
-             "| Gluon ms | x cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             + "".join(f"| {n} ms | x cuDNN " for n in names) + "|", "|---" * (10 + 2 * len(names)) + "|"]
     for (B, H, Hk, N), causal in tqdm([(s, c) for s in shapes for c in flags], desc="shapes"):
         D = 128
         x = make_inputs(B, H, N, N, D, dtype="float16", device="cuda", Hk=Hk, draw="device")
@@ -55,17 +72,29 @@ def main() -> None:
         scale, window = D ** -0.5, masks.window_for(causal)
         o, lse = L._forward(q, k, v, window, scale)
         splits = L.dkdv_splits(B, Hk, H // Hk, N, q.device)
-        two = L._backward(q, k, v, o, lse, do, window, scale)
-        one = hb.backward(q, k, v, o, lse, do, window, scale, splits)
-        diff = ", ".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(one, two))
-        t_two = do_bench(lambda: L._backward(q, k, v, o, lse, do, window, scale), warmup=25, rep=200)
-        t_one = do_bench(lambda: hb.backward(q, k, v, o, lse, do, window, scale, splits), warmup=25, rep=200)
+        hopper, L.HOPPER_BACKWARD = L.HOPPER_BACKWARD, False  # the two kernels, whatever the dispatch default
+        try:
+            two = L._backward(q, k, v, o, lse, do, window, scale)
+            t_two = do_bench(lambda: L._backward(q, k, v, o, lse, do, window, scale), warmup=25, rep=200)
+        finally:
+            L.HOPPER_BACKWARD = hopper
+        diffs, t_ones = [], []
+        for c in configs:
+            hb.CONFIG.update(default, **c)
+            try:
+                one = hb.backward(q, k, v, o, lse, do, window, scale, splits)
+                diffs.append(", ".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(one, two)))
+                t_ones.append(do_bench(lambda: hb.backward(q, k, v, o, lse, do, window, scale, splits), warmup=25,
+                                       rep=200))
+            finally:
+                hb.CONFIG.update(default)
+        diff = "; ".join(dict.fromkeys(diffs))
         qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=Hk < H)
         t_cudnn = do_bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), warmup=25, rep=200)
         lines.append(f"| {B} | {H} | {Hk} | {N} | {causal} | {splits} | {diff} | {t_cudnn:.3f} | {t_two:.3f} | "
-                     f"{t_cudnn / t_two:.2f} | {t_one:.3f} | {t_cudnn / t_one:.2f} |")
+                     f"{t_cudnn / t_two:.2f} | " + "".join(f"{t:.3f} | {t_cudnn / t:.2f} | " for t in t_ones).strip())
     print("\n".join(lines))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
