@@ -77,10 +77,8 @@ BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
-# (setmaxnreg); DQ_BUFS: each consumer's buffers of dQ sums (a buffer is written again once its reduce-adds of DQ_BUFS
-# tiles before have read it); HEADS_FIRST: the grid's first axis runs over the heads, so that every head's K/V block
-# 0 starts before any head's block 1 (a causal mask's heaviest blocks first)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, DQ_BUFS=1, HEADS_FIRST=1)
+# (setmaxnreg); HEAD_GROUP: the order of the programs (``_program``)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=1)
 
 
 @triton.jit
@@ -164,7 +162,7 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
               q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
               n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, DQ_BUFS: gl.constexpr):
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
     DQ_COLS: gl.constexpr = HEAD_D // 2
@@ -188,6 +186,8 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     # of a 128-byte swizzle spans 128 bytes; the wider tile is those boxes one after another)
     DQ_BOX: gl.constexpr = dq_desc.block_type.shape[3]
     N_BOX: gl.constexpr = DQ_COLS // DQ_BOX
+    dq_tile = dq_smem.index(c)
+    dq_boxes = dq_tile._reinterpret(gl.float32, [N_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
     S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
@@ -235,21 +235,18 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             dq = warpgroup_mma(ds.permute((1, 0)), k_cols, dQ_zero, use_acc=False, is_async=True)
             dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dK's product runs on through the adds
-            # dQaccum[rows of Q_i, its columns] += dq, by the copy engine (rows past Nq are dropped). The buffer's
-            # adds of tile u - DQ_BUFS have read it long since, but are waited for (at most the N_BOX adds of each
-            # later tile still pending) before it is written again
-            dq_tile = dq_smem.index(c * DQ_BUFS + u % DQ_BUFS)
-            tma.store_wait((DQ_BUFS - 1) * N_BOX)
+            # dQaccum[rows of Q_i, its columns] += dq, by the copy engine (rows past Nq are dropped); the adds of
+            # tile u - 1 have read dq_tile long since, but are waited for before it is written again
+            tma.store_wait(0)
             _sync_warps()
             dq_tile.store(dq)
             fence_async_shared()
             _sync_warps()
-            dq_boxes = dq_tile._reinterpret(gl.float32, [N_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
             for b in gl.static_range(N_BOX):
                 _tma_reduce_add(dq_desc, [off_b, first_h + g, i0, c * DQ_COLS + b * DQ_BOX], dq_boxes.index(b))
             dk = warpgroup_mma_wait(0, deps=(dk, ))
             mbarrier.arrive(q_empty.index(s), count=1)
-    tma.store_wait(0)  # the last adds have read their buffers
+    tma.store_wait(0)  # the last adds have read dq_tile
 
     # dK_j = softmax_scale * sum dS_ij^T Q_i, dV_j = sum P_ij^T dO_i (over the share's query heads): rows < Nk
     keys_g = k_start + c * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, g_layout))
@@ -259,11 +256,26 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     gl.store(DV + out, dv.to(DV.dtype.element_ty), mask=keys_g[:, None] < Nk)
 
 
+@gluon.jit
+def _program(n_blocks, HEAD_GROUP: gl.constexpr):
+    """(pid_out, pid_kv): the (batch, K/V head, split) and the K/V block of this program. Programs start in the order
+    of their ids: the heads go in groups of HEAD_GROUP, and within a group block 0 of each head, then block 1 of each,
+    and so on. HEAD_GROUP = 1: a head's blocks one after another (the heads' Q_i, dO_i are read from L2 by the blocks
+    running at once); larger: a causal mask's heaviest blocks (block 0 sees every Q tile) start earlier."""
+    pid = gl.program_id(0)
+    n_out = gl.num_programs(0) // n_blocks
+    per_group = HEAD_GROUP * n_blocks
+    first = (pid // per_group) * HEAD_GROUP
+    heads = gl.minimum(n_out - first, HEAD_GROUP)  # the last group may be smaller
+    r = pid % per_group
+    return first + r % heads, r // heads
+
+
 @gluon.jit(do_not_specialize=["H", "group", "splits", "Nq", "Nk"])
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, DQ_BUFS: gl.constexpr, HEADS_FIRST: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -271,19 +283,19 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
     Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
     BLOCK_M, HEAD_D / 2); DK, DV (B, Hk * splits, Nk,
-    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid: (B * Hk * splits,
-    cdiv(Nk, Bc)) with HEADS_FIRST, else (cdiv(Nk, Bc), B * Hk * splits).
+    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid: (cdiv(Nk, Bc) *
+    B * Hk * splits, ), in the order of ``_program``.
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF_N: gl.constexpr = k_desc.block_type.shape[2] // 2
     Hk = H // group
-    pid_out = gl.program_id(0 if HEADS_FIRST else 1)
+    pid_out, pid_kv = _program(gl.cdiv(Nk, 2 * HALF_N), HEAD_GROUP)
     off_b = pid_out // (Hk * splits)
     off_hs = pid_out % (Hk * splits)
     off_hk = off_hs // splits
     share = group // splits
     first_h = off_hk * group + (off_hs % splits) * share  # this program's first query head
-    k_start = gl.program_id(1 if HEADS_FIRST else 0) * 2 * HALF_N
+    k_start = pid_kv * 2 * HALF_N
     # the Q tiles that see this K/V block: [start, end), of which [full_start, full_end) need no elementwise mask
     start, full_start, full_end, end = q_blocks(k_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, 2 * HALF_N)
     n_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -301,7 +313,7 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     dq_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D // 2], gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, BLOCK_M, HEAD_D // 2], dq_tile_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2], dq_tile_layout)  # one per consumer
     mbarrier.init(kv_bar, count=1)
     for b in gl.static_range(2):
         mbarrier.init(ds_full.index(b), count=2)  # one arrive from each consumer
@@ -312,10 +324,10 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DQ_BUFS)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DQ_BUFS)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
                       STAGES, BLOCK_M, HALF_N)),
@@ -381,9 +393,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
-    grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    if CONFIG["HEADS_FIRST"]:
-        grid = grid[::-1]
+    grid = (-(-Nk // (2 * HALF_N)) * B * Hk * splits, )
     args = (*descs, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())
@@ -392,7 +402,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
         _COMPILED[key] = attn_bwd_hopper_kernel[grid](*args, *consts, num_warps=4)
     else:
         stream = triton.runtime.driver.active.get_current_stream(dev.index)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args, *consts)
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     n = dq.numel()

@@ -367,10 +367,10 @@ def _hopper_forward(q, k, v, dropout: bool, window):
     return hopper_forward if hopper_forward.takes(q, k, v, dropout, window) else None
 
 
-# The one-kernel Hopper backward (hopper_backward.py, in Gluon) runs the calls it takes only where this is True
-# (FA_TRITON_HOPPER_BACKWARD=1 before the import): on an H200 it is slower than backward_kernels.py (its module
-# docstring says why).
-HOPPER_BACKWARD = os.environ.get("FA_TRITON_HOPPER_BACKWARD", "0") == "1"
+# The one-kernel Hopper backward (hopper_backward.py, in Gluon) runs every call it takes (hopper_backward.takes: sm_90,
+# fp16/bf16, D = 128, no dropout, TMA-aligned, MIN_FLOPS of work) unless this is False, or
+# FA_TRITON_HOPPER_BACKWARD=0 was set before the import: then backward_kernels.py runs them.
+HOPPER_BACKWARD = os.environ.get("FA_TRITON_HOPPER_BACKWARD", "1") != "0"
 
 
 def _hopper_backward(q, k, v, do, dropout: bool, window):

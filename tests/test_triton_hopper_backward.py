@@ -1,9 +1,10 @@
-"""flash_attention_triton/hopper_backward.py: the one-kernel Gluon backward (opt-in, ``FA_TRITON_HOPPER_BACKWARD=1``).
+"""flash_attention_triton/hopper_backward.py: the one-kernel Gluon backward (on a Hopper the default; off with
+``FA_TRITON_HOPPER_BACKWARD=0``).
 
-On any machine: the dispatch is off by default and takes only what the kernel handles (that the kernel compiles for
+On any machine: the dispatch is on by default and takes only what the kernel handles (that the kernel compiles for
 sm_90 is tests/test_triton_aot_compile.py's). On an sm_90 GPU: dQ, dK, dV against the float64 reference on odd sizes,
 Nq != Nk, every window kind, grouped-query heads (and the float32 splits of MQA), both dtypes, NaN and rows that see
-no key, within twice the two-kernel backward's error; and the opted-in dispatch runs it.
+no key, within twice the two-kernel backward's error; and the library's backward runs it.
 """
 import pytest
 import torch
@@ -18,10 +19,10 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 sm90 = pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (Hopper) with Triton compiling, not interpreting")
 
 
-def test_off_by_default_and_takes_only_what_the_kernel_handles():
-    """Without FA_TRITON_HOPPER_BACKWARD=1 the two-kernel backward runs every call; the kernel refuses CPU tensors,
-    dropout, fp32, other head dims and unaligned inputs."""
-    assert L.HOPPER_BACKWARD is False or __import__("os").environ.get("FA_TRITON_HOPPER_BACKWARD") == "1"
+def test_on_by_default_and_takes_only_what_the_kernel_handles():
+    """Unless FA_TRITON_HOPPER_BACKWARD=0, the dispatch is on; the kernel refuses CPU tensors, dropout, fp32, other
+    head dims and unaligned inputs (those calls run the two-kernel backward)."""
+    assert L.HOPPER_BACKWARD is True or __import__("os").environ.get("FA_TRITON_HOPPER_BACKWARD") == "0"
     x = make_inputs(1, 2, 64, 64, 128, dtype="float16", kind="torch")
     assert not hb.takes(x["q"], x["k"], x["v"], x["do"], False, masks.FULL)  # a CPU tensor
     if SM90:
@@ -75,10 +76,10 @@ def test_matches_float64(case, dtype):
 
 
 @sm90
-def test_nan_in_gives_nan_where_the_reference_has_it_and_the_opt_in_runs_it(monkeypatch):
+def test_nan_in_gives_nan_where_the_reference_has_it_and_the_library_runs_it(monkeypatch):
     """A NaN in one key: NaN in exactly the gradient entries where the float64 reference has it (every dQ row's
     column of that NaN, as 0 * NaN in dS_ij K_j; all of the rows that see the key; all of dK and dV of that head), none
-    in the other head; with HOPPER_BACKWARD the library's backward is this kernel's."""
+    in the other head; with HOPPER_BACKWARD (the default) the library's backward is this kernel's."""
     from flash_attention_triton import flash_attn_triton
 
     x = make_inputs(1, 2, 256, 256, 128, dtype="float16", device="cuda")
