@@ -77,8 +77,8 @@ BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
-# (setmaxnreg); HEAD_GROUP: the order of the programs (``_program``)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=1)
+# (setmaxnreg)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240)
 
 
 @triton.jit
@@ -256,26 +256,11 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     gl.store(DV + out, dv.to(DV.dtype.element_ty), mask=keys_g[:, None] < Nk)
 
 
-@gluon.jit
-def _program(n_blocks, HEAD_GROUP: gl.constexpr):
-    """(pid_out, pid_kv): the (batch, K/V head, split) and the K/V block of this program. Programs start in the order
-    of their ids: the heads go in groups of HEAD_GROUP, and within a group block 0 of each head, then block 1 of each,
-    and so on. HEAD_GROUP = 1: a head's blocks one after another (the heads' Q_i, dO_i are read from L2 by the blocks
-    running at once); larger: a causal mask's heaviest blocks (block 0 sees every Q tile) start earlier."""
-    pid = gl.program_id(0)
-    n_out = gl.num_programs(0) // n_blocks
-    per_group = HEAD_GROUP * n_blocks
-    first = (pid // per_group) * HEAD_GROUP
-    heads = gl.minimum(n_out - first, HEAD_GROUP)  # the last group may be smaller
-    r = pid % per_group
-    return first + r % heads, r // heads
-
-
 @gluon.jit(do_not_specialize=["H", "group", "splits", "Nq", "Nk"])
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -283,19 +268,19 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
     Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
     BLOCK_M, HEAD_D / 2); DK, DV (B, Hk * splits, Nk,
-    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid: (cdiv(Nk, Bc) *
-    B * Hk * splits, ), in the order of ``_program``.
+    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid:
+    (cdiv(Nk, Bc), B * Hk * splits).
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF_N: gl.constexpr = k_desc.block_type.shape[2] // 2
     Hk = H // group
-    pid_out, pid_kv = _program(gl.cdiv(Nk, 2 * HALF_N), HEAD_GROUP)
+    pid_out = gl.program_id(1)
     off_b = pid_out // (Hk * splits)
     off_hs = pid_out % (Hk * splits)
     off_hk = off_hs // splits
     share = group // splits
     first_h = off_hk * group + (off_hs % splits) * share  # this program's first query head
-    k_start = pid_kv * 2 * HALF_N
+    k_start = gl.program_id(0) * 2 * HALF_N
     # the Q tiles that see this K/V block: [start, end), of which [full_start, full_end) need no elementwise mask
     start, full_start, full_end, end = q_blocks(k_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, 2 * HALF_N)
     n_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -393,7 +378,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
-    grid = (-(-Nk // (2 * HALF_N)) * B * Hk * splits, )
+    grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
     args = (*descs, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())
@@ -402,7 +387,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
         _COMPILED[key] = attn_bwd_hopper_kernel[grid](*args, *consts, num_warps=4)
     else:
         stream = triton.runtime.driver.active.get_current_stream(dev.index)
-        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args, *consts)
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     n = dq.numel()
