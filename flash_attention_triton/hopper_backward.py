@@ -1,5 +1,6 @@
-"""The one-kernel backward on a Hopper GPU (sm_90), in Gluon: FlashAttention-3's structure, written in Triton. Opt-in
-(``launch.HOPPER_BACKWARD``, ``FA_TRITON_HOPPER_BACKWARD=1``): on an H200 it is slower than ``backward_kernels.py``.
+"""The one-kernel backward on a Hopper GPU (sm_90), in Gluon: FlashAttention-3's structure, written in Triton. The
+Triton rung's backward for every call ``takes`` accepts (``launch.HOPPER_BACKWARD``; ``FA_TRITON_HOPPER_BACKWARD=0``
+turns it off); the others run ``backward_kernels.py``.
 
 ``backward_kernels.py`` is FlashAttention-2's backward in two kernels: the dQ kernel computes S_ij and dP_ij again,
 so a tile pair costs 7 matrix products instead of 5. This kernel computes each tile pair's S_ij and dP_ij once, as
@@ -18,20 +19,21 @@ global memory (``dQaccum``):
     dV_j   += P_ij^T dO_i               (A from registers; runs on while dS is computed)
     dS_ij^T = P_ij^T * (dP_ij^T - Delta_i)
     dS_ij^T -> shared memory; both consumers' halves make dS_ij (Br x 128), read back transposed
-    dQ_i   += dS_ij K_j                 (the consumer's D / 2 columns, added to dQaccum with atomic adds)
-    dK_j   += dS_ij^T Q_i               (runs on through the adds)
+    dQ_i   += dS_ij K_j                 (the consumer's D / 2 columns: registers -> shared memory -> the copy
+                                         engine adds them to dQaccum, a TMA reduce-add)
+    dK_j   += dS_ij^T Q_i               (runs on through the store of dQ's sums)
 
   mbarriers: kv_bar (K_j, V_j arrived), q_full[s] (the slot's four copies arrived), q_empty[s] (one arrive from
   each consumer once its products that read the slot are done), ds_full[b] (both consumers' dS rows are in buffer
   b; two buffers, as ``wgmma_bwd_ws``).
 
-Why it is slower (``docs/results/triton/hopper_backward/``): the adds. FlashAttention-3 and ``wgmma_bwd_ws`` hand
-each 64 x D / 2 block of sums to the copy engine (a TMA reduce-add, one instruction); Gluon (Triton 3.6 and 3.7) has
-no reduce-add copy, so each consumer thread adds its 32 sums with atomic adds from the registers of the product, and
-their addresses take registers the loop needs (ptxas spills). On an H200 it runs at 0.6-0.7x cuDNN's backward, below
-``backward_kernels.py``'s 0.7-0.8x. The adds are the whole gap: with them left out (dQ then wrong), a development form
-of the kernel ran at 1.25-1.37x; the adds as float32 pairs (``red.global.add.v2.f32``, half the instructions) ran no
-faster. The order of the adds varies from run to run, so dQ is not bitwise reproducible; dK and dV are.
+The sums of dQ set its pace (``docs/results/triton/hopper_backward/``). Each consumer stores its 64 x D / 2 block of
+sums to shared memory and hands it to the copy engine (``_tma_reduce_add``: two reduce-adds of 64 x 32 float32, a
+128-byte swizzle's box), as FlashAttention-3 and ``wgmma_bwd_ws`` do; Gluon's ``tma`` module has no reduce-add, so
+``_tma_reduce_add`` calls its op builder's. On an H200 the kernel runs at 0.85-0.97x cuDNN's backward, against
+0.69-0.77x for ``backward_kernels.py``. The same sums as atomic adds from each thread's registers (the kernel before,
+in the repository's history) ran at 0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at
+1.25-1.37x. The copy engine adds in no fixed order, so dQ is not bitwise reproducible; dK and dV are.
 
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
 log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_cast_kernel`` (dQ =
