@@ -10,7 +10,9 @@
 #   bash .ci/gpu_run.sh --out results/gpu sweep        # benchmark: the default GPU sweep
 #   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder and backward vs FA2 (with the config sweeps),
 #                                                      # SASS counts, host time per call (benchmark presets)
-#   bash .ci/gpu_run.sh --out results/gpu triton       # Triton vs FA2 and cuDNN (the triton-vs-fa2 preset)
+#   bash .ci/gpu_run.sh --out results/gpu triton       # Triton vs FA2 and cuDNN (the triton-vs-fa2 preset); on a
+#                                                      # Hopper also its two backwards beside cuDNN
+#                                                      # (tools/hopper_backward_ab.py)
 #   bash .ci/gpu_run.sh --out results/gpu hopper       # every GPU backend, fp16/bf16, fwd/bwd, beside FA2 and cuDNN:
 #                                                      # hopper_summary.json (the hopper preset)
 #   bash .ci/gpu_run.sh --out results/gpu variants     # window, GQA and dropout beside FlexAttention and SDPA
@@ -89,7 +91,12 @@ for step in "$@"; do
     triton)
       timeout "${TRITON_S:-400}" python3 -m benchmarks --preset triton-vs-fa2 --no-progress \
         --out "$OUT/triton/triton-vs-fa2" > "$OUT/triton_vs_fa2.log" 2>&1
-      echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md" ;;
+      echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md"
+      if python3 -c "import sys, torch; sys.exit(torch.cuda.get_device_capability() != (9, 0))" 2>/dev/null; then
+        timeout "${TRITON_S:-400}" python3 tools/hopper_backward_ab.py --out "$OUT/triton/hopper_backward" \
+          > "$OUT/hopper_backward_ab.log" 2>&1
+        echo "hopper backward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_backward/hopper_backward_ab.md"
+      fi ;;
     hopper)
       timeout "${HOPPER_S:-580}" python3 -m benchmarks --preset hopper --no-progress \
         --out "$OUT/hopper" > "$OUT/hopper.log" 2>&1

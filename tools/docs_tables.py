@@ -913,17 +913,43 @@ def t_variants_targets(R, lang):
 
 H200_VARIANTS = "benchmark/h200-variants"  # the variants benchmark on an H200: window-dropout/, gqa/, dropout/, ...
 H200_GQA_WINDOW = f"{H200_VARIANTS}/gqa-window/variants.json"  # the run after the Triton forward's Hopper kernel
+# the runs after the Triton backward's Hopper kernel (hopper_backward.py) became the default
+H200_GQA = f"{H200_VARIANTS}/gqa-gluon-backward/variants.json"
+H200_WINDOW = f"{H200_VARIANTS}/window-gluon-backward/variants.json"
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records of the current kernels (window and GQA from gqa-window/, the run after
-    the Triton rung's forward became hopper_forward.py's on a Hopper; dropout from dropout/, the run after the
-    kernels' Philox products became one wide multiply each)."""
-    gw = R.json(H200_GQA_WINDOW)["summary"]
-    sections = {"window": [e for e in gw if e["section"] == "window"],
-                "gqa": [e for e in gw if e["section"] == "gqa"],
+    """The same targets from the H200 records of the current kernels (GQA from gqa-gluon-backward/ and window from
+    window-gluon-backward/, the runs after the Triton rung's backward became hopper_backward.py's on a Hopper; dropout
+    from dropout/, the run after the kernels' keep test became an integer test)."""
+    sections = {"window": R.json(H200_WINDOW)["summary"], "gqa": R.json(H200_GQA)["summary"],
                 "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
     return _variants_targets_table(sections, lang)
+
+
+def t_triton_hopper_backward(R, lang):
+    """The Triton rung's backward on the H200 before and after hopper_backward.py became its default there: the GQA
+    and window backwards of gqa-window/ (commit ea72f4a, backward_kernels.py's two kernels) against gqa-gluon-backward/
+    (0f76612) and window-gluon-backward/ (8b75c71), each beside the best PyTorch alternative timed in the same run."""
+    def key(e):
+        return e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"])
+
+    before = {key(e): e for e in R.json(H200_GQA_WINDOW)["summary"] if e["mode"] == "bwd"}
+    out = []
+    for rec in (H200_WINDOW, H200_GQA):
+        for e in R.json(rec)["summary"]:
+            if e["mode"] != "bwd":
+                continue
+            b = before[key(e)]
+            case = (f"GQA Hq={e['Hq']} Hk={e['Hk']}" if e["section"] == "gqa" else
+                    H(lang, f"window {tuple(e['window'])}", f"窗口 {tuple(e['window'])}"))
+            out.append([case, e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
+                        f"{b['ms']['triton']:.3f}", f"{b['vs_best_alternative']['triton']:.2f}×",
+                        f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
+    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "two kernels: ms", "两个内核：ms"),
+              H(lang, "two kernels: ×", "两个内核：×"), H(lang, "hopper_backward: ms", "hopper_backward：ms"),
+              H(lang, "hopper_backward: ×", "hopper_backward：×"), H(lang, "best alternative", "最快方案")]
+    return table(header, out)
 
 
 def t_triton_hopper_forward(R, lang):
@@ -1671,6 +1697,7 @@ TABLES = {
     "variants-targets": t_variants_targets,
     "variants-targets-h200": t_variants_targets_h200,
     "triton-hopper-forward": t_triton_hopper_forward,
+    "triton-hopper-backward": t_triton_hopper_backward,
     "hopper-table": t_hopper_table,
     "ncu-profiles": t_ncu_profiles,
     "ncu-wgmma-ws": lambda R, lang: t_ncu_profiles(R, lang, "cuda/ncu-wgmma-ws/profiles.json"),
