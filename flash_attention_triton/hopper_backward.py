@@ -31,7 +31,7 @@ The sums of dQ set its pace (``docs/results/triton/hopper_backward/``). Each con
 sums to shared memory and hands it to the copy engine (``_tma_reduce_add``: two reduce-adds of 64 x 32 float32, a
 128-byte swizzle's box), as FlashAttention-3 and ``wgmma_bwd_ws`` do; Gluon's ``tma`` module has no reduce-add, so
 ``_tma_reduce_add`` calls its op builder's. On an H200 the kernel runs at 0.85-0.97x cuDNN's backward, against
-0.69-0.77x for ``backward_kernels.py``. The same sums as atomic adds from each thread's registers (the kernel before,
+0.68-0.74x for ``backward_kernels.py`` in the same run. The same sums as atomic adds from each thread's registers (the kernel before,
 in the repository's history) ran at 0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at
 1.25-1.37x. The copy engine adds in no fixed order, so dQ is not bitwise reproducible; dK and dV are.
 
@@ -74,6 +74,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     ``tma.store_wait`` before ``src`` is written again."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
 
 BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
@@ -269,7 +270,7 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     q_desc, do_desc: TMA descriptors of Q, dO (B, H, Nq, HEAD_D), blocks (1, 1, BLOCK_M, HEAD_D); k_desc, v_desc: of
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
     Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
-    BLOCK_M, HEAD_D / 2); DK, DV (B, Hk * splits, Nk,
+    BLOCK_M, DQ_BOX); DK, DV (B, Hk * splits, Nk,
     HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid:
     (cdiv(Nk, Bc), B * Hk * splits).
     """

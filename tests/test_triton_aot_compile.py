@@ -185,7 +185,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_hopper_backward_compiles_for_sm90():
-    """flash_attention_triton/hopper_backward.py (Gluon, opt-in) compiled for sm_90: its tiles fit one block's shared
+    """flash_attention_triton/hopper_backward.py (Gluon) compiled for sm_90: its tiles fit one block's shared
     memory, the copy warp hands its registers to the consumers (setmaxnreg), and each consumer hands its 64 x 64
     sums of dQ_i to the copy engine as two reduce-adds of 64 x 32 (a 128-byte swizzle's box), with no atomic add
     from a thread."""
