@@ -80,8 +80,9 @@ BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
-# (setmaxnreg)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240)
+# (setmaxnreg); HEAD_GROUP: the order of the programs (0: a head's K/V blocks in turn; G > 0: the heads in groups of
+# G, and within a group every head's block 0, then every head's block 1, ...)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=0)
 
 
 @triton.jit
@@ -263,7 +264,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -277,13 +278,19 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF_N: gl.constexpr = k_desc.block_type.shape[2] // 2
     Hk = H // group
-    pid_out = gl.program_id(1)
+    if HEAD_GROUP == 0:  # grid (blocks, heads): a head's blocks in turn
+        pid_out = gl.program_id(1)
+        pid_kv = gl.program_id(0)
+    else:  # grid (G, heads / G * blocks): G heads' block 0, then their block 1, ...
+        n_blocks = gl.cdiv(Nk, 2 * HALF_N)
+        pid_out = (gl.program_id(1) // n_blocks) * gl.num_programs(0) + gl.program_id(0)
+        pid_kv = gl.program_id(1) % n_blocks
     off_b = pid_out // (Hk * splits)
     off_hs = pid_out % (Hk * splits)
     off_hk = off_hs // splits
     share = group // splits
     first_h = off_hk * group + (off_hs % splits) * share  # this program's first query head
-    k_start = gl.program_id(0) * 2 * HALF_N
+    k_start = pid_kv * 2 * HALF_N
     # the Q tiles that see this K/V block: [start, end), of which [full_start, full_end) need no elementwise mask
     start, full_start, full_end, end = q_blocks(k_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_M, 2 * HALF_N)
     n_tiles = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -382,6 +389,12 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
+    if CONFIG["HEAD_GROUP"]:
+        G = max(g for g in range(1, CONFIG["HEAD_GROUP"] + 1) if grid[1] % g == 0)
+        grid = (G, grid[1] // G * grid[0])
+        if grid[1] > 65535:
+            raise ValueError(f"hopper_backward.backward: HEAD_GROUP={CONFIG['HEAD_GROUP']} gives a grid of {grid}, "
+                             "expected at most 65535 on its second axis")
     args = (*descs, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())

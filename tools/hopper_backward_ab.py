@@ -5,7 +5,7 @@ reduce-adds).
 
     PYTHONPATH=. FA_CUDA_LAUNCH_PLANS=0 python tools/hopper_backward_ab.py --out results/hopper_backward
     PYTHONPATH=. python tools/hopper_backward_ab.py --shapes 2x32x8x4096,1x32x8x16384 --causal both
-    PYTHONPATH=. python tools/hopper_backward_ab.py --configs "STAGES=2;CONSUMER_REGS=232"
+    PYTHONPATH=. python tools/hopper_backward_ab.py --configs "HEAD_GROUP=0;HEAD_GROUP=4"
 
 Each shape is BxHqxHkxN (D = 128, fp16): first the Gluon kernel's dQ, dK, dV against the two-kernel backward's
 (max-abs difference), then the median times (``triton.testing.do_bench``, CUDA events) of the backward alone: cuDNN's
