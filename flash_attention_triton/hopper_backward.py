@@ -55,6 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                 warpgroup_mma_wait)
 from triton._C.libtriton import ir
 
+from flash_attention_py.masks import CAUSAL
+
 from .backward_kernels import lse_base2
 from .hopper_forward import MIN_FLOPS, _aligned, _sm90, _visible_pairs, shared_layout
 from .masks import q_blocks, visible
@@ -80,9 +82,20 @@ BLOCK_M = 64  # Br: queries of one streamed Q tile
 HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
-# (setmaxnreg); HEAD_GROUP: the order of the programs (0: a head's K/V blocks in turn; G > 0: the heads in groups of
-# G, and within a group every head's block 0, then every head's block 1, ...)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=0)
+# (setmaxnreg); HEAD_GROUP: the order of the programs, None for ``head_group``'s choice (0: a head's K/V blocks in
+# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None)
+CAUSAL_HEAD_GROUP = 4
+
+
+def head_group(window) -> int:
+    """HEAD_GROUP for a call: CONFIG's, or else CAUSAL_HEAD_GROUP under a causal mask without a left bound (block
+    0 sees every Q tile, the last block one or two: the heaviest blocks of 4 heads start first, and a head's block 0
+    no longer starts near the end of the grid) and 0 otherwise (the blocks running at once read one head's Q_i and
+    dO_i from L2; docs/results/triton/hopper_backward/README.md, *Development runs*)."""
+    if CONFIG["HEAD_GROUP"] is not None:
+        return CONFIG["HEAD_GROUP"]
+    return CAUSAL_HEAD_GROUP if tuple(window) == CAUSAL else 0
 
 
 @triton.jit
@@ -389,15 +402,16 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    if CONFIG["HEAD_GROUP"]:
-        G = max(g for g in range(1, CONFIG["HEAD_GROUP"] + 1) if grid[1] % g == 0)
+    group_of = head_group(window)
+    if group_of and grid[0] * grid[1] <= 65535:  # (else: a head's blocks in turn, on the first axis)
+        G = max(g for g in range(1, group_of + 1) if grid[1] % g == 0)  # groups of G heads, G dividing the heads
         grid = (G, grid[1] // G * grid[0])
-        if grid[1] > 65535:
-            raise ValueError(f"hopper_backward.backward: HEAD_GROUP={CONFIG['HEAD_GROUP']} gives a grid of {grid}, "
-                             "expected at most 65535 on its second axis")
+    else:
+        group_of = 0
     args = (*descs, dk_out, dv_out, H, group, splits, Nq, Nk, scale * LOG2E)
-    consts = (D, window[0], window[1], *CONFIG.values())
-    key = (q.dtype, D, window, dev, splits == 1, *CONFIG.values())
+    config = {**CONFIG, "HEAD_GROUP": group_of}
+    consts = (D, window[0], window[1], *config.values())
+    key = (q.dtype, D, window, dev, splits == 1, *config.values())
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = attn_bwd_hopper_kernel[grid](*args, *consts, num_warps=4)

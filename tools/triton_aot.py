@@ -149,7 +149,8 @@ def compile_hopper_backward(dtype: str, head_dim: int, window, arch: int = 90):
                                 ("do_desc", hb.BLOCK_M))}
     rows = {name: f"tensordesc<fp32[1,{hb.BLOCK_M}],{hb.row_layout()!r}>" for name in ("lse_desc", "delta_desc")}
     left, right = _window(window)
-    consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **hb.CONFIG)
+    config = {**hb.CONFIG, "HEAD_GROUP": hb.head_group((left, right))}
+    consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **config)
     dq = f"tensordesc<fp32[1,1,{hb.BLOCK_M},{hb.DQ_BOX}],{hb.dq_layout()!r}>"
     sig = {**descs, **rows, "dq_desc": dq, "DK": f"*{ty}", "DV": f"*{ty}", "H": "i32", "group": "i32",
            "splits": "i32", "Nq": "i32", "Nk": "i32", "scale_log2": "fp32", **{name: "constexpr" for name in consts}}
