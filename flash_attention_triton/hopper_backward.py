@@ -88,14 +88,16 @@ CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None)
 CAUSAL_HEAD_GROUP = 4
 
 
-def head_group(window) -> int:
-    """HEAD_GROUP for a call: CONFIG's, or else CAUSAL_HEAD_GROUP under a causal mask without a left bound (block
-    0 sees every Q tile, the last block one or two: the heaviest blocks of 4 heads start first, and a head's block 0
-    no longer starts near the end of the grid) and 0 otherwise (the blocks running at once read one head's Q_i and
-    dO_i from L2; docs/results/triton/hopper_backward/README.md, *Development runs*)."""
+def head_group(window, head_bytes: int = 0, l2_bytes: int = 50 << 20) -> int:
+    """HEAD_GROUP for a call: CONFIG's, or else CAUSAL_HEAD_GROUP under a causal mask without a left bound, where
+    that many programs' Q_i and dO_i (``head_bytes`` each: its share of query heads) fit in the L2 cache together,
+    and 0 otherwise. Causal: block 0 sees every Q tile and the last block one or two, so with a head's blocks in
+    turn the last heads' heaviest blocks start near the end of the grid; in groups, every group's heaviest blocks
+    start first. Otherwise the blocks running at once read one head's Q_i and dO_i from L2, which a group of heads
+    too large for L2 would lose (docs/results/triton/hopper_backward/README.md, *Development runs*)."""
     if CONFIG["HEAD_GROUP"] is not None:
         return CONFIG["HEAD_GROUP"]
-    return CAUSAL_HEAD_GROUP if tuple(window) == CAUSAL else 0
+    return CAUSAL_HEAD_GROUP if tuple(window) == CAUSAL and CAUSAL_HEAD_GROUP * head_bytes <= l2_bytes else 0
 
 
 @triton.jit
@@ -402,7 +404,8 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    group_of = head_group(window)
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20)
+    group_of = head_group(window, 2 * (group // splits) * Nq * D * q.element_size(), l2)  # Q_i and dO_i of a share
     if group_of and grid[0] * grid[1] <= 65535:  # (else: a head's blocks in turn, on the first axis)
         G = max(g for g in range(1, group_of + 1) if grid[1] % g == 0)  # groups of G heads, G dividing the heads
         grid = (G, grid[1] // G * grid[0])
