@@ -35,6 +35,8 @@ sums to shared memory and hands it to the copy engine (``_tma_reduce_add``: two 
 in the repository's history) ran at 0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at
 1.25-1.37x. The copy engine adds in no fixed order, so dQ is not bitwise reproducible; dK and dV are.
 
+Under a causal mask the programs go in groups of heads, each group's heaviest K/V blocks first (``head_group``).
+
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
 log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_cast_kernel`` (dQ =
 softmax_scale * dQaccum in the inputs' dtype). Masks, GQA and splits as in ``backward_kernels.py``:
@@ -287,8 +289,9 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
     Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
     BLOCK_M, DQ_BOX); DK, DV (B, Hk * splits, Nk,
-    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid:
-    (cdiv(Nk, Bc), B * Hk * splits).
+    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid, n = B * Hk *
+    splits: (cdiv(Nk, Bc), n) with HEAD_GROUP = 0 (a head's blocks in turn), else (G, n / G * cdiv(Nk, Bc)), G
+    dividing n (G heads' block 0, then their block 1, ...).
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF_N: gl.constexpr = k_desc.block_type.shape[2] // 2
