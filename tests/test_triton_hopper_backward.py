@@ -1,8 +1,9 @@
 """flash_attention_triton/hopper_backward.py: the one-kernel Gluon backward (on a Hopper the default; off with
 ``FA_TRITON_HOPPER_BACKWARD=0``).
 
-On any machine: the dispatch is on by default and takes only what the kernel handles (that the kernel compiles for
-sm_90 is tests/test_triton_aot_compile.py's). On an sm_90 GPU: dQ, dK, dV against the float64 reference on odd sizes,
+On any machine: the dispatch is on by default and takes only what the kernel handles, and the programs go in groups
+of heads only under a causal mask that fits in L2 (that the kernel compiles for sm_90 is
+tests/test_triton_aot_compile.py's). On an sm_90 GPU: dQ, dK, dV against the float64 reference on odd sizes,
 Nq != Nk, every window kind, grouped-query heads (and the float32 splits of MQA), both dtypes, NaN and rows that see
 no key, within twice the two-kernel backward's error; and the library's backward runs it.
 """
@@ -34,6 +35,19 @@ def test_on_by_default_and_takes_only_what_the_kernel_handles():
         assert not hb.takes(z["q"], z["k"], z["v"], z["do"], False, masks.FULL)
         buf = torch.empty(do.numel() + 1, dtype=do.dtype, device="cuda")
         assert not hb.takes(q, k, v, buf[1:].view(do.shape), False, masks.FULL)  # 2 bytes off: no TMA
+
+
+def test_program_order_groups_heads_only_under_a_causal_mask_that_fits_in_l2(monkeypatch):
+    """head_group: groups of CAUSAL_HEAD_GROUP heads under a causal mask whose group's Q_i and dO_i fit in L2 (B2
+    Hq32 Hk8 N4096: 4 x 8.4 MB), a head's blocks in turn where they do not (N = 16384: 4 x 33.5 MB > 50 MB), for
+    every other window and wherever CONFIG sets HEAD_GROUP."""
+    l2, share_bytes = 50 << 20, lambda n: 2 * 4 * n * 128 * 2  # Q_i and dO_i of 4 query heads, fp16, D = 128
+    assert hb.head_group(masks.CAUSAL, share_bytes(4096), l2) == hb.CAUSAL_HEAD_GROUP == 4
+    assert hb.head_group(masks.CAUSAL, share_bytes(16384), l2) == 0
+    for window in (masks.FULL, (512, 0), (256, 256), (0, 0)):
+        assert hb.head_group(window, share_bytes(4096), l2) == 0, window
+    monkeypatch.setitem(hb.CONFIG, "HEAD_GROUP", 2)
+    assert hb.head_group(masks.FULL, share_bytes(16384), l2) == 2
 
 
 CASES = [  # (B, Hq, Hk, Nq, Nk, window, splits or None: launch.dkdv_splits)
