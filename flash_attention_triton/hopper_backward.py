@@ -85,8 +85,9 @@ HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
 # (setmaxnreg); HEAD_GROUP: the order of the programs, None for ``head_group``'s choice (0: a head's K/V blocks in
-# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None)
+# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...);
+# DS_SMEM: 1 makes dK's product read dS_ij^T from shared memory (the buffer dQ's product reads), 0 from registers
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None, DS_SMEM=0)
 CAUSAL_HEAD_GROUP = 4
 
 
@@ -183,7 +184,7 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
               q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
               n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, DS_SMEM: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
     DQ_COLS: gl.constexpr = HEAD_D // 2
@@ -254,7 +255,10 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             mbarrier.wait(ds_full.index(u % 2), (u // 2) & 1)
             # dQ_i (its columns) += dS_ij K_j, then dK_j += dS_ij^T Q_i
             dq = warpgroup_mma(ds.permute((1, 0)), k_cols, dQ_zero, use_acc=False, is_async=True)
-            dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
+            if DS_SMEM:
+                dk = warpgroup_mma(ds.slice(c * HALF_N, HALF_N, dim=0), q, dk, is_async=True)
+            else:
+                dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dK's product runs on through the adds
             # dQaccum[rows of Q_i, its columns] += dq, by the copy engine (rows past Nq are dropped); the adds of
             # tile u - 1 have read dq_tile long since, but are waited for before it is written again
@@ -281,7 +285,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr, DS_SMEM: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -337,10 +341,10 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DS_SMEM)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DS_SMEM)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
                       STAGES, BLOCK_M, HALF_N)),

@@ -42,6 +42,7 @@ def main() -> None:
     from flash_attention_py import make_inputs, masks
     from flash_attention_triton import hopper_backward as hb
     from flash_attention_triton import launch as L
+    from tools.hopper_forward_ab import parse_configs
 
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("hopper_backward_ab.py: needs an sm_90 GPU (Hopper)")
@@ -51,14 +52,7 @@ def main() -> None:
             raise SystemExit(f"hopper_backward_ab.py: --shapes takes BxHqxHkxN, got {'x'.join(map(str, s))}")
     flags = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     default = dict(hb.CONFIG)
-    configs = [{}]
-    if args.configs:
-        configs = [dict(kv.split("=", 1) for kv in c.split(",") if kv) for c in args.configs.split(";")]
-        for c in configs:
-            if set(c) - set(default):
-                raise SystemExit(f"hopper_backward_ab.py: --configs sets {sorted(set(c) - set(default))}, "
-                                 f"expected keys of {sorted(default)}")
-        configs = [{k: int(v) for k, v in c.items()} for c in configs]
+    configs = parse_configs(args.configs, default, "hopper_backward_ab.py")
     names = [("Gluon " + ",".join(f"{k}={v}" for k, v in c.items())).strip() for c in configs]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit or '?'}.", "",
