@@ -85,9 +85,8 @@ HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
 # (setmaxnreg); HEAD_GROUP: the order of the programs, None for ``head_group``'s choice (0: a head's K/V blocks in
-# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...);
-# DS_SMEM: 1 makes dK's product read dS_ij^T from shared memory (the buffer dQ's product reads), 0 from registers
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None, DS_SMEM=0)
+# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None, ROW_LOADS=1)
 CAUSAL_HEAD_GROUP = 4
 
 
@@ -184,7 +183,7 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
               q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
               n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, DS_SMEM: gl.constexpr):
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, ROW_LOADS: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
     DQ_COLS: gl.constexpr = HEAD_D // 2
@@ -210,6 +209,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     N_BOX: gl.constexpr = DQ_COLS // DQ_BOX
     dq_tile = dq_smem.index(c)
     dq_boxes = dq_tile._reinterpret(gl.float32, [N_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
@@ -229,7 +229,10 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             dP_ijT = warpgroup_mma(v, do.permute((1, 0)), S_zero, use_acc=False, is_async=True)
             partial = (i0 < full_start) | (i0 >= full_end)
             S_ijT = warpgroup_mma_wait(1, deps=(S_ijT, ))  # S alone: dP runs on through P's exponentials
-            lse2 = gl.convert_layout(gl.sum(lse_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            if ROW_LOADS:
+                lse2 = lse_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(gl.SliceLayout(0, s_layout))
+            else:
+                lse2 = gl.convert_layout(gl.sum(lse_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
             if partial:
                 P_ijT = _probs(S_ijT, lse2, keys, i0 + cols, Nq, Nk, scale_log2, True, WINDOW_LEFT, WINDOW_RIGHT)
             else:
@@ -237,7 +240,10 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             # dV_j += P_ij^T dO_i
             dv = warpgroup_mma(gl.convert_layout(P_ijT.to(dtype), a_layout), do, dv, is_async=True)
             dP_ijT = warpgroup_mma_wait(1, deps=(dP_ijT, ))  # dV's product runs on through dS
-            delta = gl.convert_layout(gl.sum(delta_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            if ROW_LOADS:
+                delta = delta_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(gl.SliceLayout(0, s_layout))
+            else:
+                delta = gl.convert_layout(gl.sum(delta_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
             if partial:
                 dS_ijT = _dscores(P_ijT, dP_ijT, delta, keys, i0 + cols, Nq, Nk, True, WINDOW_LEFT, WINDOW_RIGHT)
             else:
@@ -255,10 +261,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             mbarrier.wait(ds_full.index(u % 2), (u // 2) & 1)
             # dQ_i (its columns) += dS_ij K_j, then dK_j += dS_ij^T Q_i
             dq = warpgroup_mma(ds.permute((1, 0)), k_cols, dQ_zero, use_acc=False, is_async=True)
-            if DS_SMEM:
-                dk = warpgroup_mma(ds.slice(c * HALF_N, HALF_N, dim=0), q, dk, is_async=True)
-            else:
-                dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
+            dk = warpgroup_mma(gl.convert_layout(dS16, a_layout), q, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))  # dK's product runs on through the adds
             # dQaccum[rows of Q_i, its columns] += dq, by the copy engine (rows past Nq are dropped); the adds of
             # tile u - 1 have read dq_tile long since, but are waited for before it is written again
@@ -285,7 +288,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr, DS_SMEM: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr, ROW_LOADS: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -341,10 +344,10 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DS_SMEM)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, ROW_LOADS)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DS_SMEM)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, ROW_LOADS)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
                       STAGES, BLOCK_M, HALF_N)),

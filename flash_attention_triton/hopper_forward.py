@@ -46,9 +46,7 @@ BLOCK_N = 128  # Bc: keys of one K/V tile
 HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x at N = 4096, 0.8x at 1024)
 # slots of K and V each (2: 160 KiB of shared memory at D = 128), and the registers of the worker partitions
 # (setmaxnreg: the copy warp gives its registers to the consumers)
-# PINGPONG: 1 makes the consumers take turns issuing their products (FlashAttention-3's warpgroup ping-pong: one
-# warpgroup's softmax under the other's products), 0 lets them run free
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, PINGPONG=0)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, FMA_EXP=1)
 
 
 @gluon.jit
@@ -74,17 +72,28 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_
 
 @gluon.jit
 def _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, MASKED: gl.constexpr, WINDOW_LEFT: gl.constexpr,
-                  WINDOW_RIGHT: gl.constexpr):
-    """One online-softmax step on S_ij (fp32): (P_ij, m_new, l_new, alpha). MASKED: a partial tile (the window's
-    edge or the ragged end): -inf where ``masks.visible`` says query i does not see key j."""
-    S_ij = S_ij * scale_log2  # in base 2, the signed scale folded in
-    if MASKED:
-        S_ij = gl.where(visible(rows[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), S_ij, float("-inf"))
+                  WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
+    """One online-softmax step on S_ij (fp32, unscaled): (P_ij, m_new, l_new, alpha), m in base 2 (scaled by
+    scale_log2, signed). MASKED: a partial tile (the window's edge or the ragged end): -inf where ``masks.visible``
+    says query i does not see key j."""
+    if MASKED or not FMA_EXP:
+        S_ij = S_ij * scale_log2  # in base 2, the signed scale folded in
+        if MASKED:
+            S_ij = gl.where(visible(rows[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), S_ij, float("-inf"))
+        m_tile = gl.max(S_ij, axis=1)
+        scale = 1.0
+    else:  # rowmax(S_ij * scale_log2) from the unscaled scores: the max, or for a negative scale the min, times it
+        if scale_log2 >= 0:
+            m_tile = gl.max(S_ij, axis=1) * scale_log2
+        else:
+            m_tile = gl.min(S_ij, axis=1) * scale_log2
+        scale = scale_log2
     # m_new = max(m_i, rowmax(S_ij)); a row that has seen no key keeps -inf and subtracts 0 (exp2(-inf) = 0, not NaN)
-    m_new = gl.maximum(m_i, gl.max(S_ij, axis=1))
+    m_new = gl.maximum(m_i, m_tile)
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    # P_ij = exp2(S_ij - m_new); alpha = exp2(m_i - m_new); l_i = alpha * l_i + rowsum(P_ij)
-    P_ij = gl.exp2(S_ij - m_sub[:, None])
+    # P_ij = exp2(S_ij - m_new) (unmasked: one fma a score, S_ij * scale_log2 - m_new); alpha = exp2(m_i - m_new);
+    # l_i = alpha * l_i + rowsum(P_ij)
+    P_ij = gl.exp2(gl.fma(S_ij, scale, -m_sub[:, None]))
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.sum(P_ij, axis=1)
     return P_ij, m_new, l_i, alpha
@@ -92,37 +101,22 @@ def _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, MASKED: gl.con
 
 @gluon.jit
 def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: gl.constexpr,
-          WINDOW_RIGHT: gl.constexpr):
+          WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
     """_softmax_step with the elementwise mask on a partial tile only (``partial``: a run-time flag)."""
     if partial:
         P_ij, m_i, l_i, alpha = _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, True, WINDOW_LEFT,
-                                              WINDOW_RIGHT)
+                                              WINDOW_RIGHT, FMA_EXP)
     else:
         P_ij, m_i, l_i, alpha = _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, False, WINDOW_LEFT,
-                                              WINDOW_RIGHT)
+                                              WINDOW_RIGHT, FMA_EXP)
     return P_ij, m_i, l_i, alpha
 
 
 @gluon.jit
-def _take_turn(turn, c: gl.constexpr, k, PINGPONG: gl.constexpr):
-    """PINGPONG: wait until the other consumer has issued its k-th products (consumer 0 goes first: a fresh
-    mbarrier counts the phase before its first as complete)."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(c), (k & 1) ^ (1 - c))
-
-
-@gluon.jit
-def _give_turn(turn, c: gl.constexpr, PINGPONG: gl.constexpr):
-    """PINGPONG: this consumer's products are issued; the other may issue its own."""
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - c), count=1)
-
-
-@gluon.jit
-def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE,
+def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
               pid_bh, q_start, start, full_start, full_end, n_tiles, Nq, Nk, scale_log2,
               HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, PINGPONG: gl.constexpr):
+              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
     """Consumer warpgroup c: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile of the block."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -145,32 +139,28 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
     if n_tiles > 0:  # (none: every row of the block lies outside the window)
         # tile 0 alone: S_i0 = Q_i K_0^T, its softmax
         mbarrier.wait(k_full.index(0), 0)
-        _take_turn(turn, c, 0, PINGPONG)
         S_ij = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero, use_acc=False,
                              is_async=True)
-        _give_turn(turn, c, PINGPONG)
         S_ij = warpgroup_mma_wait(0, deps=(S_ij, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         P_ij, m_i, l_i, alpha = _step(S_ij, m_i, l_i, rows, start + cols, Nq, Nk, scale_log2,
-                                      (start < full_start) | (start >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
+                                      (start < full_start) | (start >= full_end), WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)
         for t in range(1, n_tiles):
             s = t % STAGES
             sp = (t - 1) % STAGES
             k0 = start + t * BLOCK_N
             # issue S_ij = Q_i K_j^T, then acc += P_i,j-1 V_j-1 (acc is already in m_i,j-1's scale)
             mbarrier.wait(k_full.index(s), (t // STAGES) & 1)
-            mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
-            P16 = gl.convert_layout(P_ij.to(dtype), p_layout)
-            _take_turn(turn, c, t, PINGPONG)
             S_ij = warpgroup_mma(q, k_smem.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero,
                                  use_acc=False, is_async=True)
-            acc = warpgroup_mma(P16, v_smem.index(sp).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-            _give_turn(turn, c, PINGPONG)
+            mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
+            acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout),
+                                v_smem.index(sp).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             # wait for S_ij alone: P V stays on the tensor cores through the softmax
             S_ij = warpgroup_mma_wait(1, deps=(S_ij, ))
             mbarrier.arrive(k_empty.index(s), count=1)
             P_ij, m_new, l_i, alpha = _step(S_ij, m_i, l_i, rows, k0 + cols, Nq, Nk, scale_log2,
-                                            (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
+                                            (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(sp), count=1)
             # acc = alpha * acc: into m_new's scale
@@ -179,10 +169,8 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
         # the last tile's P V
         sl = (n_tiles - 1) % STAGES
         mbarrier.wait(v_full.index(sl), ((n_tiles - 1) // STAGES) & 1)
-        P16 = gl.convert_layout(P_ij.to(dtype), p_layout)
-        _take_turn(turn, c, n_tiles, PINGPONG)
-        acc = warpgroup_mma(P16, v_smem.index(sl).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-        _give_turn(turn, c, PINGPONG)
+        acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout), v_smem.index(sl).reshape([BLOCK_N, HEAD_D]),
+                            acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(sl), count=1)
 
@@ -206,7 +194,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
 def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, scale_log2,
                            HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
                            STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           PINGPONG: gl.constexpr):
+                           FMA_EXP: gl.constexpr):
     """O (B, H, Nq, HEAD_D) contiguous in Q's dtype and LSE (B, H, Nq) float32 (natural log) for one query block of
     Br = 2 * HALF_M rows of one (batch, head) a program.
 
@@ -235,10 +223,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, sca
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG: consumer c's turn
     mbarrier.init(q_bar, count=1)
-    for c in gl.static_range(2):
-        mbarrier.init(turn.index(c), count=1)  # one arrive: the other consumer's
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)  # the copy warp's expect, then the copy engine's bytes
         mbarrier.init(v_full.index(s), count=1)
@@ -246,12 +231,12 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, sca
         mbarrier.init(v_empty.index(s), count=2)
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE, pid_bh,
-                     q_start, start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M,
-                     STAGES, WINDOW_LEFT, WINDOW_RIGHT, PINGPONG)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE, pid_bh,
-                     q_start, start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M,
-                     STAGES, WINDOW_LEFT, WINDOW_RIGHT, PINGPONG)),
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
+                     start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
+                     WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
+                     start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
+                     WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)),
         (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_b,
                       off_h, off_h // group, q_start, start, n_tiles, STAGES, BLOCK_N, HALF_M)),
     ], [4, 1], [CONSUMER_REGS, COPY_REGS])

@@ -106,3 +106,21 @@ def test_direct_launch_serves_every_length_of_a_variant():
                                 device="cuda")
         assert (o.double() - o_ref).abs().max().item() <= TOL["float16"], (Nq, Nk)
     assert any(key[1] == 128 for key in hf._COMPILED)
+
+
+@sm90
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.0])
+@pytest.mark.parametrize("window", [masks.FULL, masks.CAUSAL, (40, 3)], ids=["full", "causal", "local"])
+def test_signed_and_zero_scales(scale, window):
+    """The unmasked tiles take rowmax(S_ij * scale) from the unscaled scores (the max, or for a negative scale the
+    min, times the scale) and exp2 of one fma a score; the masked tiles scale first. Every sign of the scale, and a
+    large one (the largest score far above the rest), against float64 at sizes with both kinds of tile."""
+    x = make_inputs(1, 3, 300, 517, 128, dtype="float16", device="cuda")
+    o, lse = hf.forward(x["q"], x["k"], x["v"], window, scale)
+    o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], window_size=window, softmax_scale=scale,
+                                         return_lse=True)
+    o_ref, lse_ref = torch.as_tensor(o_ref, device="cuda"), torch.as_tensor(lse_ref, device="cuda")
+    err = (o.double() - o_ref).abs().max().item()
+    assert err <= TOL["float16"], f"scale {scale}: max-abs {err:.2e}"
+    seen = lse_ref > float("-inf")
+    assert (lse[seen].double() - lse_ref[seen]).abs().max().item() <= 1e-3
