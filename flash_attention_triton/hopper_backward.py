@@ -86,7 +86,7 @@ HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
 # (setmaxnreg); HEAD_GROUP: the order of the programs, None for ``head_group``'s choice (0: a head's K/V blocks in
 # turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None, ROW_LOADS=1)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None)
 CAUSAL_HEAD_GROUP = 4
 
 
@@ -183,7 +183,7 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
               q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
               n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, ROW_LOADS: gl.constexpr):
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
     DQ_COLS: gl.constexpr = HEAD_D // 2
@@ -195,10 +195,13 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
                                                        instr_shape=[16, DQ_COLS, 16])
     # P_ij^T, dS_ij^T as the A operand of dV's and dK's products, from registers
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    r_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # lse2_i, Delta_i in shared memory
+    # lse2_i, Delta_i: a row of BLOCK_M floats in shared memory (the copy engine's, unswizzled), read as 1-d rows
+    # straight into the layout of S_ij^T's columns (each thread loads the queries of its own columns)
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_smem.dtype
     keys = k_start + c * HALF_N + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, s_layout))
-    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    cols = gl.arange(0, BLOCK_M, layout=cols_layout)
     k_all = k_smem.reshape([2 * HALF_N, HEAD_D])
     k = k_all.slice(c * HALF_N, HALF_N, dim=0)  # this warpgroup's keys
     v = v_smem.reshape([2 * HALF_N, HEAD_D]).slice(c * HALF_N, HALF_N, dim=0)
@@ -209,7 +212,6 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     N_BOX: gl.constexpr = DQ_COLS // DQ_BOX
     dq_tile = dq_smem.index(c)
     dq_boxes = dq_tile._reinterpret(gl.float32, [N_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
@@ -229,10 +231,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             dP_ijT = warpgroup_mma(v, do.permute((1, 0)), S_zero, use_acc=False, is_async=True)
             partial = (i0 < full_start) | (i0 >= full_end)
             S_ijT = warpgroup_mma_wait(1, deps=(S_ijT, ))  # S alone: dP runs on through P's exponentials
-            if ROW_LOADS:
-                lse2 = lse_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(gl.SliceLayout(0, s_layout))
-            else:
-                lse2 = gl.convert_layout(gl.sum(lse_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            lse2 = lse_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(cols_layout)
             if partial:
                 P_ijT = _probs(S_ijT, lse2, keys, i0 + cols, Nq, Nk, scale_log2, True, WINDOW_LEFT, WINDOW_RIGHT)
             else:
@@ -240,10 +239,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             # dV_j += P_ij^T dO_i
             dv = warpgroup_mma(gl.convert_layout(P_ijT.to(dtype), a_layout), do, dv, is_async=True)
             dP_ijT = warpgroup_mma_wait(1, deps=(dP_ijT, ))  # dV's product runs on through dS
-            if ROW_LOADS:
-                delta = delta_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(gl.SliceLayout(0, s_layout))
-            else:
-                delta = gl.convert_layout(gl.sum(delta_smem.index(s).load(r_layout), axis=0), gl.SliceLayout(0, s_layout))
+            delta = delta_smem.index(s)._reinterpret(gl.float32, [BLOCK_M], rows_layout).load(cols_layout)
             if partial:
                 dS_ijT = _dscores(P_ijT, dP_ijT, delta, keys, i0 + cols, Nq, Nk, True, WINDOW_LEFT, WINDOW_RIGHT)
             else:
@@ -288,7 +284,7 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr, ROW_LOADS: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
@@ -344,10 +340,10 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, ROW_LOADS)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, ROW_LOADS)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
                       STAGES, BLOCK_M, HALF_N)),

@@ -46,7 +46,7 @@ BLOCK_N = 128  # Bc: keys of one K/V tile
 HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x at N = 4096, 0.8x at 1024)
 # slots of K and V each (2: 160 KiB of shared memory at D = 128), and the registers of the worker partitions
 # (setmaxnreg: the copy warp gives its registers to the consumers)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, FMA_EXP=1)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240)
 
 
 @gluon.jit
@@ -72,14 +72,13 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_
 
 @gluon.jit
 def _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, MASKED: gl.constexpr, WINDOW_LEFT: gl.constexpr,
-                  WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
+                  WINDOW_RIGHT: gl.constexpr):
     """One online-softmax step on S_ij (fp32, unscaled): (P_ij, m_new, l_new, alpha), m in base 2 (scaled by
     scale_log2, signed). MASKED: a partial tile (the window's edge or the ragged end): -inf where ``masks.visible``
     says query i does not see key j."""
-    if MASKED or not FMA_EXP:
+    if MASKED:
         S_ij = S_ij * scale_log2  # in base 2, the signed scale folded in
-        if MASKED:
-            S_ij = gl.where(visible(rows[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), S_ij, float("-inf"))
+        S_ij = gl.where(visible(rows[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT), S_ij, float("-inf"))
         m_tile = gl.max(S_ij, axis=1)
         scale = 1.0
     else:  # rowmax(S_ij * scale_log2) from the unscaled scores: the max, or for a negative scale the min, times it
@@ -101,14 +100,14 @@ def _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, MASKED: gl.con
 
 @gluon.jit
 def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: gl.constexpr,
-          WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
+          WINDOW_RIGHT: gl.constexpr):
     """_softmax_step with the elementwise mask on a partial tile only (``partial``: a run-time flag)."""
     if partial:
         P_ij, m_i, l_i, alpha = _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, True, WINDOW_LEFT,
-                                              WINDOW_RIGHT, FMA_EXP)
+                                              WINDOW_RIGHT)
     else:
         P_ij, m_i, l_i, alpha = _softmax_step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, False, WINDOW_LEFT,
-                                              WINDOW_RIGHT, FMA_EXP)
+                                              WINDOW_RIGHT)
     return P_ij, m_i, l_i, alpha
 
 
@@ -116,7 +115,7 @@ def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: 
 def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
               pid_bh, q_start, start, full_start, full_end, n_tiles, Nq, Nk, scale_log2,
               HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, FMA_EXP: gl.constexpr):
+              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """Consumer warpgroup c: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile of the block."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -144,7 +143,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
         S_ij = warpgroup_mma_wait(0, deps=(S_ij, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         P_ij, m_i, l_i, alpha = _step(S_ij, m_i, l_i, rows, start + cols, Nq, Nk, scale_log2,
-                                      (start < full_start) | (start >= full_end), WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)
+                                      (start < full_start) | (start >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
         for t in range(1, n_tiles):
             s = t % STAGES
             sp = (t - 1) % STAGES
@@ -160,7 +159,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
             S_ij = warpgroup_mma_wait(1, deps=(S_ij, ))
             mbarrier.arrive(k_empty.index(s), count=1)
             P_ij, m_new, l_i, alpha = _step(S_ij, m_i, l_i, rows, k0 + cols, Nq, Nk, scale_log2,
-                                            (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)
+                                            (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(sp), count=1)
             # acc = alpha * acc: into m_new's scale
@@ -193,8 +192,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
 @gluon.jit(do_not_specialize=["H", "group", "Nq", "Nk"])
 def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, scale_log2,
                            HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
-                           STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           FMA_EXP: gl.constexpr):
+                           STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """O (B, H, Nq, HEAD_D) contiguous in Q's dtype and LSE (B, H, Nq) float32 (natural log) for one query block of
     Br = 2 * HALF_M rows of one (batch, head) a program.
 
@@ -233,10 +231,10 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, sca
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
                      start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
-                     WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)),
+                     WINDOW_LEFT, WINDOW_RIGHT)),
         (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
                      start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
-                     WINDOW_LEFT, WINDOW_RIGHT, FMA_EXP)),
+                     WINDOW_LEFT, WINDOW_RIGHT)),
         (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_b,
                       off_h, off_h // group, q_start, start, n_tiles, STAGES, BLOCK_N, HALF_M)),
     ], [4, 1], [CONSUMER_REGS, COPY_REGS])

@@ -4,7 +4,7 @@ compiler schedules it) and ``hopper_forward.py`` (one Gluon kernel, warp-special
 ``CONFIG`` asked for.
 
     PYTHONPATH=. FA_CUDA_LAUNCH_PLANS=0 python tools/hopper_forward_ab.py --out results/hopper_forward
-    PYTHONPATH=. python tools/hopper_forward_ab.py --configs "PINGPONG=0;PINGPONG=1"
+    PYTHONPATH=. python tools/hopper_forward_ab.py --configs "STAGES=2;STAGES=3"
     PYTHONPATH=. python tools/hopper_forward_ab.py --shapes 2x32x8x4096 --causal yes
 
 Each shape is BxHqxHkxN (D = 128, fp16). For each, the median times (``triton.testing.do_bench``, CUDA events) of the
