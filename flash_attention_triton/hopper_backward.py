@@ -15,7 +15,8 @@ global memory (``dQaccum``):
   per Q tile (Br = 64 queries), for the consumer's 64 keys (K_j, V_j its rows of the block), in this order:
     S_ij^T  = K_j Q_i^T                 (issued with dP^T, waited for alone)
     dP_ij^T = V_j dO_i^T
-    P_ij^T  = exp2(S_ij^T * scale_log2 - lse2_i)      the forward's probabilities, recomputed
+    P_ij^T  = exp2(S_ij^T * scale_log2 - lse2_i)      the forward's probabilities, recomputed (lse2_i and Delta_i
+                                                      loaded from the slot straight into S's column layout)
     dV_j   += P_ij^T dO_i               (A from registers; runs on while dS is computed)
     dS_ij^T = P_ij^T * (dP_ij^T - Delta_i)
     dS_ij^T -> shared memory; both consumers' halves make dS_ij (Br x 128), read back transposed
@@ -30,8 +31,8 @@ global memory (``dQaccum``):
 The sums of dQ set its pace (``docs/results/triton/hopper_backward/``). Each consumer stores its 64 x D / 2 block of
 sums to shared memory and hands it to the copy engine (``_tma_reduce_add``: two reduce-adds of 64 x 32 float32, a
 128-byte swizzle's box), as FlashAttention-3 and ``wgmma_bwd_ws`` do; Gluon's ``tma`` module has no reduce-add, so
-``_tma_reduce_add`` calls its op builder's. On an H200 the kernel runs at 0.85-0.97x cuDNN's backward, against
-0.68-0.74x for ``backward_kernels.py`` in the same run. The same sums as atomic adds from each thread's registers (the kernel before,
+``_tma_reduce_add`` calls its op builder's. On an H200 the kernel runs at 0.93-0.99x cuDNN's backward, against
+0.69-0.75x for ``backward_kernels.py`` in the same run. The same sums as atomic adds from each thread's registers (the kernel before,
 in the repository's history) ran at 0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at
 1.25-1.37x. The copy engine adds in no fixed order, so dQ is not bitwise reproducible; dK and dV are.
 

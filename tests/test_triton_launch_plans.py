@@ -31,7 +31,17 @@ from flash_attention_triton import launch, launch_plans  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REASON = unavailable_reason("cuda")
-gpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+@pytest.fixture
+def plans_on(monkeypatch):
+    """The plans under test, whatever FA_CUDA_LAUNCH_PLANS says (=0 turns them off for a whole run)."""
+    monkeypatch.setattr(cpp, "ENABLED", True)
+
+
+def gpu(test):
+    """A GPU test of the plans: skipped with the reason where there is no GPU; run with the plans on."""
+    return pytest.mark.skipif(REASON is not None, reason=str(REASON))(pytest.mark.usefixtures("plans_on")(test))
 
 
 # ------------------------------------------------------------------ CPU: PTX entries and launch descriptions

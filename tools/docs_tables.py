@@ -916,63 +916,74 @@ H200_GQA_WINDOW = f"{H200_VARIANTS}/gqa-window/variants.json"  # the run after t
 # the runs after the Triton backward's Hopper kernel (hopper_backward.py) became the default
 H200_GQA = f"{H200_VARIANTS}/gqa-gluon-backward/variants.json"
 H200_WINDOW = f"{H200_VARIANTS}/window-gluon-backward/variants.json"
+# the run of both sections with the current Gluon kernels (the causal program order, the forward's one-fma exponent,
+# the backward's row loads)
+H200_TUNED = f"{H200_VARIANTS}/gqa-window-tuned/variants.json"
+
+
+def _section(R, rec, name):
+    return [e for e in R.json(rec)["summary"] if e["section"] == name]
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records of the current kernels (GQA from gqa-gluon-backward/ and window from
-    window-gluon-backward/, the runs after the Triton rung's backward became hopper_backward.py's on a Hopper; dropout
+    """The same targets from the H200 records of the current kernels (GQA and window from gqa-window-tuned/; dropout
     from dropout/, the run after the kernels' keep test became an integer test)."""
-    sections = {"window": R.json(H200_WINDOW)["summary"], "gqa": R.json(H200_GQA)["summary"],
+    sections = {"window": _section(R, H200_TUNED, "window"), "gqa": _section(R, H200_TUNED, "gqa"),
                 "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
     return _variants_targets_table(sections, lang)
 
 
-def t_triton_hopper_backward(R, lang):
-    """The Triton rung's backward on the H200 before and after hopper_backward.py became its default there: the GQA
-    and window backwards of gqa-window/ (commit ea72f4a, backward_kernels.py's two kernels) against gqa-gluon-backward/
-    (0f76612) and window-gluon-backward/ (8b75c71), each beside the best PyTorch alternative timed in the same run."""
-    def key(e):
-        return e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"])
+def _variant_case(e, lang):
+    return (f"GQA Hq={e['Hq']} Hk={e['Hk']}" if e["section"] == "gqa" else
+            H(lang, f"window {tuple(e['window'])}", f"窗口 {tuple(e['window'])}"))
 
-    before = {key(e): e for e in R.json(H200_GQA_WINDOW)["summary"] if e["mode"] == "bwd"}
+
+def _variant_key(e):
+    return e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"]
+
+
+def t_triton_hopper_backward(R, lang):
+    """The Triton rung's backward on the H200: the GQA and window backwards of gqa-window/ (commit ea72f4a,
+    backward_kernels.py's two kernels), of gqa-gluon-backward/ (0f76612) and window-gluon-backward/ (8b75c71),
+    hopper_backward.py's first runs, and of gqa-window-tuned/ (1c687cd), the kernel now, each as x the best PyTorch
+    alternative timed in the same run."""
+    two = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
+    first = {_variant_key(e): e for rec in (H200_WINDOW, H200_GQA) for e in R.json(rec)["summary"]}
     out = []
-    for rec in (H200_WINDOW, H200_GQA):
-        for e in R.json(rec)["summary"]:
-            if e["mode"] != "bwd":
-                continue
-            b = before[key(e)]
-            case = (f"GQA Hq={e['Hq']} Hk={e['Hk']}" if e["section"] == "gqa" else
-                    H(lang, f"window {tuple(e['window'])}", f"窗口 {tuple(e['window'])}"))
-            out.append([case, e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
-                        f"{b['ms']['triton']:.3f}", f"{b['vs_best_alternative']['triton']:.2f}×",
-                        f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
-    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "two kernels: ms", "两个内核：ms"),
-              H(lang, "two kernels: ×", "两个内核：×"), H(lang, "hopper_backward: ms", "hopper_backward：ms"),
-              H(lang, "hopper_backward: ×", "hopper_backward：×"), H(lang, "best alternative", "最快方案")]
+    for e in R.json(H200_TUNED)["summary"]:
+        if e["mode"] != "bwd":
+            continue
+        a, b = two[_variant_key(e)], first[_variant_key(e)]
+        out.append([_variant_case(e, lang), e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
+                    f"{a['vs_best_alternative']['triton']:.2f}×", f"{b['vs_best_alternative']['triton']:.2f}×",
+                    f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
+    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "two kernels: ×", "两个内核：×"),
+              H(lang, "first Gluon runs: ×", "Gluon 首次运行：×"), H(lang, "hopper_backward now: ms",
+                                                                      "hopper_backward 现在：ms"),
+              H(lang, "now: ×", "现在：×"), H(lang, "best alternative", "最快方案")]
     return table(header, out)
 
 
 def t_triton_hopper_forward(R, lang):
     """The Triton rung's forward on the H200 before and after hopper_forward.py (Gluon): the GQA and window forwards
-    of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), each
-    beside the best PyTorch alternative timed in the same run."""
-    before = {}
-    for rec in ("gqa", "window-dropout"):
-        for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]:
-            before[(e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"])] = e
+    of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), the
+    Gluon kernel's first run, and gqa-window-tuned/ (1c687cd), the kernel now, each as x the best PyTorch alternative
+    timed in the same run."""
+    before = {_variant_key(e): e for rec in ("gqa", "window-dropout")
+              for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]}
+    first = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
     out = []
-    for e in R.json(H200_GQA_WINDOW)["summary"]:
+    for e in R.json(H200_TUNED)["summary"]:
         if e["mode"] != "fwd":
             continue
-        b = before[(e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"])]
-        case = (f"GQA Hq={e['Hq']} Hk={e['Hk']}" if e["section"] == "gqa" else
-                H(lang, f"window {tuple(e['window'])}", f"窗口 {tuple(e['window'])}"))
-        out.append([case, e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
-                    f"{b['ms']['triton']:.3f}", f"{b['vs_best_alternative']['triton']:.2f}×", f"{e['ms']['triton']:.3f}",
-                    f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
-    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "before: ms", "之前：ms"),
-              H(lang, "before: ×", "之前：×"), H(lang, "hopper_forward: ms", "hopper_forward：ms"),
-              H(lang, "hopper_forward: ×", "hopper_forward：×"), H(lang, "best alternative", "最快方案")]
+        a, b = before[_variant_key(e)], first[_variant_key(e)]
+        out.append([_variant_case(e, lang), e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
+                    f"{a['vs_best_alternative']['triton']:.2f}×", f"{b['vs_best_alternative']['triton']:.2f}×",
+                    f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
+    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "before: ×", "之前：×"),
+              H(lang, "first Gluon run: ×", "Gluon 首次运行：×"), H(lang, "hopper_forward now: ms",
+                                                                     "hopper_forward 现在：ms"),
+              H(lang, "now: ×", "现在：×"), H(lang, "best alternative", "最快方案")]
     return table(header, out)
 
 
