@@ -86,8 +86,10 @@ HALF_N = 64  # keys of one consumer warpgroup; Bc = 2 * HALF_N
 HEAD_DIMS = (128, )
 # STAGES: slots of Q_i, dO_i (and lse2_i, Delta_i); COPY_REGS, CONSUMER_REGS: the registers of the worker partitions
 # (setmaxnreg); HEAD_GROUP: the order of the programs, None for ``head_group``'s choice (0: a head's K/V blocks in
-# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None)
+# turn; G > 0: the heads in groups of G, and within a group every head's block 0, then every head's block 1, ...);
+# DQ_FRAGMENTS: 1 keeps dQaccum in the order of the consumers' accumulator registers (``dq_fragment_layout``), 0 in
+# dQ's own order under a 128-byte swizzle
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, HEAD_GROUP=None, DQ_FRAGMENTS=1)
 CAUSAL_HEAD_GROUP = 4
 
 
@@ -104,11 +106,11 @@ def head_group(window, head_bytes: int = 0, l2_bytes: int = 50 << 20) -> int:
 
 
 @triton.jit
-def attn_bwd_prep_kernel(O, DO, LSE, LSE2, DELTA, DQA, stride_dob, stride_doh, stride_don, H, Nq, Nq_pad,
+def attn_bwd_prep_kernel(O, DO, LSE, LSE2, DELTA, DQA, stride_dob, stride_doh, stride_don, H, Nq, Nq_pad, DQ_ROWS,
                          HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     """For BLOCK rows of one (batch, head): Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i * log2(e) into DELTA,
     LSE2 (B * H, Nq_pad) float32 (0 past Nq), and dQaccum rows = 0. O (B, H, Nq, HEAD_DIM) and LSE (B, H, Nq)
-    contiguous; DQA (B, H, Nq, HEAD_DIM) float32. Grid: (Nq_pad // BLOCK, B * H)."""
+    contiguous; DQA (B, H, DQ_ROWS, HEAD_DIM) float32, DQ_ROWS Nq or Nq_pad. Grid: (Nq_pad // BLOCK, B * H)."""
     pid_bh = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, HEAD_DIM)
@@ -120,8 +122,8 @@ def attn_bwd_prep_kernel(O, DO, LSE, LSE2, DELTA, DQA, stride_dob, stride_doh, s
     lse2 = lse_base2(tl.load(LSE + pid_bh * Nq + rows, mask=ok, other=0.0))
     tl.store(DELTA + pid_bh * Nq_pad + rows, tl.where(ok, delta, 0.0))
     tl.store(LSE2 + pid_bh * Nq_pad + rows, tl.where(ok, lse2, 0.0))
-    tl.store(DQA + (pid_bh * Nq + rows[:, None]) * HEAD_DIM + d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32),
-             mask=ok[:, None])
+    tl.store(DQA + (pid_bh * DQ_ROWS + rows[:, None]) * HEAD_DIM + d[None, :], tl.zeros([BLOCK, HEAD_DIM], tl.float32),
+             mask=rows[:, None] < DQ_ROWS)
 
 
 @triton.jit
@@ -129,6 +131,25 @@ def attn_bwd_dq_cast_kernel(DQA, DQ, n, softmax_scale, BLOCK: tl.constexpr):
     """dQ = softmax_scale * dQaccum, in DQ's dtype (n elements, both contiguous)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(DQA + offs, mask=offs < n)
+    tl.store(DQ + offs, (x * softmax_scale).to(DQ.dtype.element_ty), mask=offs < n)
+
+
+@triton.jit
+def attn_bwd_dq_fragments_cast_kernel(DQA, DQ, n, Nq, Nq_pad, softmax_scale, HEAD_DIM: tl.constexpr,
+                                      BLOCK: tl.constexpr):
+    """dQ = softmax_scale * dQaccum in DQ's dtype, dQaccum (B, H, Nq_pad, HEAD_DIM) float32 in the consumers' register
+    order (``dq_fragment_layout``: each 64 x 64 block of a Q tile's rows and a consumer's columns permuted within
+    itself), DQ (B, H, Nq, HEAD_DIM) contiguous, n = DQ.numel()."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    d = offs % HEAD_DIM
+    row = (offs // HEAD_DIM) % Nq
+    bh = offs // (HEAD_DIM * Nq)
+    r = row % 64  # within the block: r = 16 w + 8 rh + r8 (warp, half, row of 8), k = 8 cb + 2 c4 + p (column)
+    k = d % 64
+    prow = (r // 16) * 16 + (k // 8) * 2 + (r % 16) // 8  # 16 w + 2 cb + rh
+    pcol = (r % 8) * 8 + ((k % 8) // 2) * 2 + k % 2  # 8 r8 + 2 c4 + p
+    src = (bh * Nq_pad + row - r + prow) * HEAD_DIM + (d - k) + pcol
+    x = tl.load(DQA + src, mask=offs < n)
     tl.store(DQ + offs, (x * softmax_scale).to(DQ.dtype.element_ty), mask=offs < n)
 
 
@@ -184,7 +205,8 @@ def _dscores(P_ijT, dP_ijT, delta, keys, rows, Nq, Nk, MASKED: gl.constexpr, WIN
 def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full,
               q_empty, ds_full, dq_desc, dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end,
               n_tiles, pid_out, Nq, Nk, scale_log2, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
+              DQ_FRAGMENTS: gl.constexpr):
     """Consumer warpgroup c: dK_j, dV_j of keys [k_start + c * HALF_N, + HALF_N), and columns
     [c * HEAD_D / 2, + HEAD_D / 2) of every dQ_i."""
     DQ_COLS: gl.constexpr = HEAD_D // 2
@@ -213,6 +235,11 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
     N_BOX: gl.constexpr = DQ_COLS // DQ_BOX
     dq_tile = dq_smem.index(c)
     dq_boxes = dq_tile._reinterpret(gl.float32, [N_BOX, 1, 1, BLOCK_M, DQ_BOX], dq_desc.layout)
+    # DQ_FRAGMENTS: the same bytes as a 64 x 64 tile whose memory rows are the accumulator's fragments
+    # (dq_fragment_layout: a warp's 32 threads store 256 contiguous bytes, no bank conflict); its one box, unswizzled,
+    # lands in dQaccum in that order
+    gl.static_assert(not DQ_FRAGMENTS or (BLOCK_M == 64 and DQ_COLS == 64 and N_BOX == 1))
+    dq_frag = dq_tile._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], dq_fragment_layout())
     S_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dQ_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF_N, HEAD_D], gl.float32, g_layout)
@@ -264,7 +291,10 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
             # tile u - 1 have read dq_tile long since, but are waited for before it is written again
             tma.store_wait(0)
             _sync_warps()
-            dq_tile.store(dq)
+            if DQ_FRAGMENTS:
+                dq_frag.store(dq)
+            else:
+                dq_tile.store(dq)
             fence_async_shared()
             _sync_warps()
             for b in gl.static_range(N_BOX):
@@ -285,14 +315,14 @@ def _consumer(c: gl.constexpr, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_
 def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV, H, group, splits, Nq,
                            Nk, scale_log2, HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr,
                            WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, COPY_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr):
+                           CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
     """dK_j, dV_j of one K/V block (Bc = 2 * HALF_N keys) of one (batch, K/V head, split) a program, and its part of
     dQaccum.
 
     q_desc, do_desc: TMA descriptors of Q, dO (B, H, Nq, HEAD_D), blocks (1, 1, BLOCK_M, HEAD_D); k_desc, v_desc: of
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
     Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
-    BLOCK_M, DQ_BOX); DK, DV (B, Hk * splits, Nk,
+    BLOCK_M, dq_box()); DK, DV (B, Hk * splits, Nk,
     HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid, n = B * Hk *
     splits: (cdiv(Nk, Bc), n) with HEAD_GROUP = 0 (a head's blocks in turn), else (G, n / G * cdiv(Nk, Bc)), G
     dividing n (G heads' block 0, then their block 1, ...).
@@ -341,10 +371,10 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
     gl.warp_specialize([
         (_consumer, (0, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DQ_FRAGMENTS)),
         (_consumer, (1, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_full, q_empty, ds_full, dq_desc,
                      dq_smem, DK, DV, off_b, first_h, share, H, k_start, start, full_start, full_end, n_tiles, pid_out, Nq, Nk,
-                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     scale_log2, HEAD_D, BLOCK_M, HALF_N, STAGES, WINDOW_LEFT, WINDOW_RIGHT, DQ_FRAGMENTS)),
         (_copy_warp, (q_desc, do_desc, k_desc, v_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, lse_smem,
                       delta_smem, kv_bar, q_full, q_empty, off_b, off_hk, first_h, share, H, k_start, start, n_tiles,
                       STAGES, BLOCK_M, HALF_N)),
@@ -356,12 +386,30 @@ def row_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-DQ_BOX = 32  # columns of one reduce-add's box of float32 dQ sums: 128 bytes, the swizzle's span
+def dq_box() -> int:
+    """Columns of one reduce-add's box of float32 dQ sums: with DQ_FRAGMENTS a consumer's whole 64 (256 bytes,
+    unswizzled), else 32 (128 bytes, the swizzle's span)."""
+    return 64 if CONFIG["DQ_FRAGMENTS"] else 32
 
 
 def dq_layout():
-    """The shared layout of a (1, 1, BLOCK_M, DQ_BOX) float32 box of dQ sums (a reduce-add's source)."""
-    return shared_layout([1, 1, BLOCK_M, DQ_BOX], gl.float32)
+    """The shared layout of a (1, 1, BLOCK_M, dq_box()) float32 box of dQ sums (a reduce-add's source)."""
+    if CONFIG["DQ_FRAGMENTS"]:
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=4)
+    return shared_layout([1, 1, BLOCK_M, dq_box()], gl.float32)
+
+
+@gluon.constexpr_function
+def dq_fragment_layout():
+    """A consumer's 64 x 64 float32 block of dQ sums in shared memory (and so in dQaccum), in the order of its
+    accumulator registers. In the wgmma accumulator layout, row r = 16 w + 8 rh + r8 and column k = 8 cb + 2 c4 + p
+    sit in warp w, lane 4 r8 + c4, register pair (cb, rh), element p; the block is stored at offset
+    64 (16 w + 2 cb + rh) + 8 r8 + 2 c4 + p, so one store instruction of a warp (fixed w, cb, rh) writes 256
+    contiguous bytes. Under the 128-byte swizzle of dQ's own order, rows r and r ^ 1 of those stores fall on the
+    same banks (two wavefronts where one would do); FlashAttention-3 keeps its dQaccum in register order for the
+    same reason. ``attn_bwd_dq_fragments_cast_kernel`` puts dQ back in order."""
+    return gl.SharedLinearLayout(offset_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0], [0, 8],
+                                               [0, 16], [0, 32], [16, 0], [32, 0]])
 
 
 @functools.lru_cache(maxsize=None)
@@ -396,9 +444,11 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dev = q.device
     lse2 = torch.empty((B * H, Nq_pad), dtype=torch.float32, device=dev)
     delta = torch.empty((B * H, Nq_pad), dtype=torch.float32, device=dev)
-    dqa = torch.empty((B, H, Nq, D), dtype=torch.float32, device=dev)
+    fragments = bool(CONFIG["DQ_FRAGMENTS"])
+    dq_rows = Nq_pad if fragments else Nq  # (in register order a block holds rows past Nq too)
+    dqa = torch.empty((B, H, dq_rows, D), dtype=torch.float32, device=dev)
     attn_bwd_prep_kernel[(Nq_pad // BLOCK_M, B * H)](o, do, lse, lse2, delta, dqa, do.stride(0), do.stride(1),
-                                                     do.stride(2), H, Nq, Nq_pad, HEAD_DIM=D, BLOCK=BLOCK_M)
+                                                     do.stride(2), H, Nq, Nq_pad, dq_rows, HEAD_DIM=D, BLOCK=BLOCK_M)
     q_layout, kv_layout = _layouts(D, q.dtype)
     descs = (TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, BLOCK_M, D], q_layout),
              TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, 2 * HALF_N, D], kv_layout),
@@ -406,7 +456,7 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
              TensorDescriptor(do, list(do.shape), list(do.stride()), [1, 1, BLOCK_M, D], q_layout),
              TensorDescriptor(lse2, list(lse2.shape), list(lse2.stride()), [1, BLOCK_M], row_layout()),
              TensorDescriptor(delta, list(delta.shape), list(delta.stride()), [1, BLOCK_M], row_layout()),
-             TensorDescriptor(dqa, list(dqa.shape), list(dqa.stride()), [1, 1, BLOCK_M, DQ_BOX], dq_layout()))
+             TensorDescriptor(dqa, list(dqa.shape), list(dqa.stride()), [1, 1, BLOCK_M, dq_box()], dq_layout()))
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=dev), torch.empty(v.shape, dtype=v.dtype, device=dev)
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
@@ -431,7 +481,10 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
                      *args, *consts)
     dq = torch.empty(q.shape, dtype=q.dtype, device=dev)
     n = dq.numel()
-    attn_bwd_dq_cast_kernel[(-(-n // 4096), )](dqa, dq, n, scale, BLOCK=4096)
+    if fragments:
+        attn_bwd_dq_fragments_cast_kernel[(-(-n // 4096), )](dqa, dq, n, Nq, Nq_pad, scale, HEAD_DIM=D, BLOCK=4096)
+    else:
+        attn_bwd_dq_cast_kernel[(-(-n // 4096), )](dqa, dq, n, scale, BLOCK=4096)
     if splits > 1:
         from .launch import _sum_splits
 

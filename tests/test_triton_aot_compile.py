@@ -173,13 +173,16 @@ def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
 
 
 HOPPER_BACKWARD_SCRIPT = r"""
+from flash_attention_triton import hopper_backward as hb
 out = {}
-for dtype, window in (("fp16", (-1, 0)), ("bf16", (256, 256))):
+for fragments, dtype, window in ((1, "fp16", (-1, 0)), (1, "bf16", (256, 256)), (0, "fp16", (-1, -1))):
+    hb.CONFIG["DQ_FRAGMENTS"] = fragments
     compiled = triton_aot.compile_hopper_backward(dtype, 128, window)
     ptx = compiled.asm["ptx"]
-    out[f"{dtype} window={window}"] = dict(shared=compiled.metadata.shared, setmaxnreg="setmaxnreg" in ptx,
-                                           wgmma=ptx.count("wgmma.mma_async"), adds=ptx.count(".add.f32"),
-                                           reduces=ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add"))
+    out[f"{dtype} window={window} DQ_FRAGMENTS={fragments}"] = dict(
+        shared=compiled.metadata.shared, setmaxnreg="setmaxnreg" in ptx, wgmma=ptx.count("wgmma.mma_async"),
+        adds=ptx.count(".add.f32"), boxes=64 // hb.dq_box(),
+        reduces=ptx.count("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add"))
 print("RESULT " + json.dumps(out))
 """
 
@@ -187,12 +190,12 @@ print("RESULT " + json.dumps(out))
 def test_hopper_backward_compiles_for_sm90():
     """flash_attention_triton/hopper_backward.py (Gluon) compiled for sm_90: its tiles fit one block's shared
     memory, the copy warp hands its registers to the consumers (setmaxnreg), and each consumer hands its 64 x 64
-    sums of dQ_i to the copy engine as two reduce-adds of 64 x 32 (a 128-byte swizzle's box), with no atomic add
-    from a thread."""
+    sums of dQ_i to the copy engine with no atomic add from a thread: one reduce-add of the whole block in register
+    order (DQ_FRAGMENTS, the default), or two of 64 x 32 (a 128-byte swizzle's box) in dQ's own order."""
     result = run_sass_script(HOPPER_BACKWARD_SCRIPT, "the Gluon backward")
     for name, o in result.items():
         assert o["shared"] <= 232448, f"{name}: {o['shared']} bytes of shared memory"
         assert o["setmaxnreg"], f"{name}: no register hand-over (setmaxnreg) in its PTX"
         assert o["wgmma"] > 0, (name, o)
-        assert o["reduces"] == 2 * 2, f"{name}: {o['reduces']} reduce-adds in its PTX (both consumers: 2 x 2)"
+        assert o["reduces"] == 2 * o["boxes"], f"{name}: {o['reduces']} reduce-adds in its PTX (2 consumers x boxes)"
         assert o["adds"] == 0, f"{name}: {o['adds']} float32 atomic adds in its PTX"

@@ -37,6 +37,47 @@ def test_on_by_default_and_takes_only_what_the_kernel_handles():
         assert not hb.takes(q, k, v, buf[1:].view(do.shape), False, masks.FULL)  # 2 bytes off: no TMA
 
 
+def _fragment_coords():
+    """(rows, cols) of offsets 0..4095 of dq_fragment_layout, composed from its offset bases (bit i of the offset
+    adds basis i)."""
+    bases = torch.tensor(hb.dq_fragment_layout().offset_bases)
+    bits = (torch.arange(64 * 64)[:, None] >> torch.arange(len(bases))) & 1
+    coords = bits @ bases
+    return coords[:, 0], coords[:, 1]
+
+
+def test_dq_fragment_layout_stores_a_warps_fragments_contiguously():
+    """The layout is a permutation of the 64 x 64 block, and each store of a warp (fixed warp w, register pair cb,
+    half rh; its 32 lanes 4 r8 + c4, two elements p each) covers 64 contiguous offsets: rows 16 w + 8 rh + r8,
+    columns 8 cb + 2 c4 + p."""
+    rows, cols = _fragment_coords()
+    assert len(set(zip(rows.tolist(), cols.tolist()))) == 64 * 64
+    for w, cb, rh in ((0, 0, 0), (1, 5, 1), (3, 7, 0)):
+        start = 64 * (16 * w + 2 * cb + rh)
+        got = set(zip(rows[start:start + 64].tolist(), cols[start:start + 64].tolist()))
+        assert got == {(16 * w + 8 * rh + r8, 8 * cb + k) for r8 in range(8) for k in range(8)}
+
+
+@pytest.mark.parametrize("Nq", [1, 100, 128])
+def test_dq_fragments_cast_puts_dq_back_in_order(Nq):
+    """attn_bwd_dq_fragments_cast_kernel inverts dq_fragment_layout: dQaccum (B, H, Nq_pad, 128) holding each 64 x 64
+    block (a Q tile's rows, a consumer's columns) in the layout's order comes back as softmax_scale * dQ."""
+    if not L.INTERPRETED and not torch.cuda.is_available():
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) or a GPU")
+    dev = "cuda" if torch.cuda.is_available() and not L.INTERPRETED else "cpu"
+    B, H, D = 2, 3, 128
+    Nq_pad = -(-Nq // 64) * 64
+    dq = torch.randn(B, H, Nq_pad, D, generator=torch.Generator().manual_seed(Nq))
+    rows, cols = _fragment_coords()
+    blocks = dq.view(B, H, Nq_pad // 64, 64, 2, 64).permute(0, 1, 2, 4, 3, 5)  # (B, H, tile, consumer, r, k)
+    stored = blocks[..., rows, cols].reshape(B, H, Nq_pad // 64, 2, 64, 64)  # offset order, as 64 x 64 boxes
+    dqa = stored.permute(0, 1, 2, 4, 3, 5).reshape(B, H, Nq_pad, D).contiguous().to(dev)
+    out = torch.empty(B, H, Nq, D, dtype=torch.float16, device=dev)
+    n = out.numel()
+    hb.attn_bwd_dq_fragments_cast_kernel[(-(-n // 4096), )](dqa, out, n, Nq, Nq_pad, 0.5, HEAD_DIM=D, BLOCK=4096)
+    assert torch.equal(out.cpu(), (dq[:, :, :Nq] * 0.5).half())
+
+
 def test_program_order_groups_heads_only_under_a_causal_mask_that_fits_in_l2(monkeypatch):
     """head_group: groups of CAUSAL_HEAD_GROUP heads under a causal mask whose group's Q_i and dO_i fit in L2 (B2
     Hq32 Hk8 N4096: 4 x 8.4 MB), a head's blocks in turn where they do not (N = 16384: 4 x 33.5 MB > 50 MB), for

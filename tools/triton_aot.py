@@ -151,7 +151,7 @@ def compile_hopper_backward(dtype: str, head_dim: int, window, arch: int = 90):
     left, right = _window(window)
     config = {**hb.CONFIG, "HEAD_GROUP": hb.head_group((left, right))}
     consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **config)
-    dq = f"tensordesc<fp32[1,1,{hb.BLOCK_M},{hb.DQ_BOX}],{hb.dq_layout()!r}>"
+    dq = f"tensordesc<fp32[1,1,{hb.BLOCK_M},{hb.dq_box()}],{hb.dq_layout()!r}>"
     sig = {**descs, **rows, "dq_desc": dq, "DK": f"*{ty}", "DV": f"*{ty}", "H": "i32", "group": "i32",
            "splits": "i32", "Nq": "i32", "Nk": "i32", "scale_log2": "fp32", **{name: "constexpr" for name in consts}}
     return triton.compile(GluonASTSource(hb.attn_bwd_hopper_kernel, sig, constexprs=consts),
