@@ -29,18 +29,22 @@ global memory (``dQaccum``):
   b; two buffers, as ``wgmma_bwd_ws``).
 
 The sums of dQ set its pace (``docs/results/triton/hopper_backward/``). Each consumer stores its 64 x D / 2 block of
-sums to shared memory and hands it to the copy engine (``_tma_reduce_add``: two reduce-adds of 64 x 32 float32, a
-128-byte swizzle's box), as FlashAttention-3 and ``wgmma_bwd_ws`` do; Gluon's ``tma`` module has no reduce-add, so
-``_tma_reduce_add`` calls its op builder's. On an H200 the kernel runs at 0.93-0.99x cuDNN's backward, against
-0.69-0.75x for ``backward_kernels.py`` in the same run. The same sums as atomic adds from each thread's registers (the kernel before,
-in the repository's history) ran at 0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at
-1.25-1.37x. The copy engine adds in no fixed order, so dQ is not bitwise reproducible; dK and dV are.
+sums to shared memory and hands it to the copy engine (``_tma_reduce_add``), as FlashAttention-3 and
+``wgmma_bwd_ws`` do; Gluon's ``tma`` module has no reduce-add, so ``_tma_reduce_add`` calls its op builder's. The
+block goes in the order of the accumulator's registers (``DQ_FRAGMENTS``, ``dq_fragment_layout``: conflict-free
+stores, one unswizzled reduce-add of 64 x 64), so dQaccum holds each block permuted and
+``attn_bwd_dq_fragments_cast_kernel`` puts dQ back in order; in dQ's own order under a 128-byte swizzle
+(``DQ_FRAGMENTS=0``, two reduce-adds of 64 x 32) the stores meet 2-way bank conflicts. On an H200 the kernel runs at
+0.96-1.07x cuDNN's backward (0.93-1.00x in dQ's own order, the two kernels of ``backward_kernels.py`` 0.69-0.75x).
+The same sums as atomic adds from each thread's registers (the kernel before, in the repository's history) ran at
+0.58-0.68x, and with no sums at all (dQ then wrong) a development form ran at 1.25-1.37x. The copy engine adds in no
+fixed order, so dQ is not bitwise reproducible; dK and dV are.
 
 Under a causal mask the programs go in groups of heads, each group's heaviest K/V blocks first (``head_group``).
 
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
-log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_cast_kernel`` (dQ =
-softmax_scale * dQaccum in the inputs' dtype). Masks, GQA and splits as in ``backward_kernels.py``:
+log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_fragments_cast_kernel``
+(``attn_bwd_dq_cast_kernel`` with ``DQ_FRAGMENTS=0``: dQ = softmax_scale * dQaccum in the inputs' dtype). Masks, GQA and splits as in ``backward_kernels.py``:
 ``masks.q_blocks`` gives the Q tiles that see the block and which of them need the elementwise mask; a program loops
 over its share of the group's query heads, summing dK_j, dV_j in registers; with ``splits`` > 1 (few K/V heads) it
 writes float32 partial sums that the launcher adds up. What it takes (``takes``): sm_90, fp16 or bf16, D = 128, any
