@@ -1272,7 +1272,7 @@ def _mma_x_fa2(us, kind):
 
 def t_cold_l2(R, lang):
     """cuda-mma's forward beside FA2 with L2 flushed before every call (cold, the benchmark's timer) and back to back
-    (warm), and the two changes tried (tags experiments/mma-one-barrier, experiments/mma-l2-prefetch)."""
+    (warm), and the two changes tried (experiments/mma-one-barrier, experiments/mma-l2-prefetch)."""
     now = _cold_warm(R, "mma")
     tried = [_cold_warm(R, "experiments-mma-one-barrier"), _cold_warm(R, "experiments-mma-l2-prefetch")]
     both = lambda us: f"{_mma_x_fa2(us, 'cold'):.3f} / {_mma_x_fa2(us, 'warm'):.3f}"  # noqa: E731
