@@ -942,49 +942,46 @@ def _variant_key(e):
     return e["section"], e["Hk"], e["N"], e["causal"], tuple(e["window"]), e["mode"]
 
 
-def t_triton_hopper_backward(R, lang):
-    """The Triton rung's backward on the H200: the GQA and window backwards of gqa-window/ (commit ea72f4a,
-    backward_kernels.py's two kernels), of gqa-gluon-backward/ (0f76612) and window-gluon-backward/ (8b75c71),
-    hopper_backward.py's first runs, and of gqa-window-tuned/ (1c687cd), the kernel now, each as x the best PyTorch
-    alternative timed in the same run."""
-    two = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
-    first = {_variant_key(e): e for rec in (H200_WINDOW, H200_GQA) for e in R.json(rec)["summary"]}
+def _hopper_kernel_rows(R, mode, before, first, heads, lang):
+    """One row per case of gqa-window-tuned/ in ``mode`` ('fwd' or 'bwd'): the Triton rung's x the best alternative
+    in the records ``before`` and ``first`` (dicts by _variant_key), and its ms and x now; ``heads`` names those three
+    columns (English, Chinese)."""
     out = []
     for e in R.json(H200_TUNED)["summary"]:
-        if e["mode"] != "bwd":
-            continue
-        a, b = two[_variant_key(e)], first[_variant_key(e)]
-        out.append([_variant_case(e, lang), e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
-                    f"{a['vs_best_alternative']['triton']:.2f}×", f"{b['vs_best_alternative']['triton']:.2f}×",
-                    f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
-    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "two kernels: ×", "两个内核：×"),
-              H(lang, "first Gluon runs: ×", "Gluon 首次运行：×"), H(lang, "hopper_backward now: ms",
-                                                                      "hopper_backward 现在：ms"),
-              H(lang, "now: ×", "现在：×"), H(lang, "best alternative", "最快方案")]
-    return table(header, out)
-
-
-def t_triton_hopper_forward(R, lang):
-    """The Triton rung's forward on the H200 before and after hopper_forward.py (Gluon): the GQA and window forwards
-    of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), the
-    Gluon kernel's first run, and gqa-window-tuned/ (1c687cd), the kernel now, each as x the best PyTorch alternative
-    timed in the same run."""
-    before = {_variant_key(e): e for rec in ("gqa", "window-dropout")
-              for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]}
-    first = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
-    out = []
-    for e in R.json(H200_TUNED)["summary"]:
-        if e["mode"] != "fwd":
+        if e["mode"] != mode:
             continue
         a, b = before[_variant_key(e)], first[_variant_key(e)]
         out.append([_variant_case(e, lang), e["N"], H(lang, "yes", "是") if e["causal"] else H(lang, "no", "否"),
                     f"{a['vs_best_alternative']['triton']:.2f}×", f"{b['vs_best_alternative']['triton']:.2f}×",
                     f"{e['ms']['triton']:.3f}", f"{e['vs_best_alternative']['triton']:.2f}×", e["best_alternative"]])
-    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), H(lang, "before: ×", "之前：×"),
-              H(lang, "first Gluon run: ×", "Gluon 首次运行：×"), H(lang, "hopper_forward now: ms",
-                                                                     "hopper_forward 现在：ms"),
+    header = [H(lang, "case", "情形"), "N", H(lang, "causal", "因果"), *(H(lang, *h) for h in heads),
               H(lang, "now: ×", "现在：×"), H(lang, "best alternative", "最快方案")]
     return table(header, out)
+
+
+def t_triton_hopper_backward(R, lang):
+    """The Triton rung's backward on the H200: the GQA and window backwards of gqa-window/ (commit ea72f4a,
+    backward_kernels.py's two kernels), of gqa-gluon-backward/ (0f76612) and window-gluon-backward/ (8b75c71),
+    hopper_backward.py's first runs, and of gqa-window-tuned/ (1c687cd), each as x the best PyTorch alternative
+    timed in the same run."""
+    two = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
+    first = {_variant_key(e): e for rec in (H200_WINDOW, H200_GQA) for e in R.json(rec)["summary"]}
+    return _hopper_kernel_rows(R, "bwd", two, first, [("two kernels: ×", "两个内核：×"),
+                                                      ("first Gluon runs: ×", "Gluon 首次运行：×"),
+                                                      ("hopper_backward now: ms", "hopper_backward 现在：ms")], lang)
+
+
+def t_triton_hopper_forward(R, lang):
+    """The Triton rung's forward on the H200 before and after hopper_forward.py (Gluon): the GQA and window forwards
+    of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), the
+    Gluon kernel's first run, and gqa-window-tuned/ (1c687cd), each as x the best PyTorch alternative timed in the
+    same run."""
+    before = {_variant_key(e): e for rec in ("gqa", "window-dropout")
+              for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]}
+    first = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
+    return _hopper_kernel_rows(R, "fwd", before, first, [("before: ×", "之前：×"),
+                                                         ("first Gluon run: ×", "Gluon 首次运行：×"),
+                                                         ("hopper_forward now: ms", "hopper_forward 现在：ms")], lang)
 
 
 def _variants_targets_table(sections, lang):

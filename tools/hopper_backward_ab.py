@@ -17,51 +17,25 @@ DIR/hopper_backward_ab.md.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
-
-SHAPES = "2x32x8x4096,2x32x1x4096,4x16x16x4096,1x32x8x16384"
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=SHAPES, help=f"BxHqxHkxN, comma-separated (default {SHAPES})")
-    ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
-    ap.add_argument("--configs", default="", help="settings of hopper_backward.CONFIG to time, ';'-separated, each "
-                    "KEY=VALUE,... over the defaults (default: the defaults alone)")
-    ap.add_argument("--out", default=None, help="folder for hopper_backward_ab.md")
-    args = ap.parse_args()
+    from tools.hopper_forward_ab import ab_setup, write_table
+
+    args, default, configs, lines, cases = ab_setup(__doc__, "hopper_backward", [
+        "B", "Hq", "Hk", "N", "causal", "splits", "max-abs dQ, dK, dV vs two-kernel", "cuDNN ms", "two-kernel ms",
+        "x cuDNN"])
 
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from tqdm import tqdm
     from triton.testing import do_bench
 
-    from flash_attention_py import make_inputs, masks
+    from flash_attention_py import masks
     from flash_attention_triton import hopper_backward as hb
     from flash_attention_triton import launch as L
-    from tools.hopper_forward_ab import parse_configs
 
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
-        raise SystemExit("hopper_backward_ab.py: needs an sm_90 GPU (Hopper)")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    for s in shapes:
-        if len(s) != 4:
-            raise SystemExit(f"hopper_backward_ab.py: --shapes takes BxHqxHkxN, got {'x'.join(map(str, s))}")
-    flags = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
-    default = dict(hb.CONFIG)
-    configs = parse_configs(args.configs, default, "hopper_backward_ab.py")
-    names = [("Gluon " + ",".join(f"{k}={v}" for k, v in c.items())).strip() for c in configs]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    lines = [f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit or '?'}.", "",
-             f"Gluon: hopper_backward.CONFIG = {default}, each column's settings over it.", "",
-             "| B | Hq | Hk | N | causal | splits | max-abs dQ, dK, dV vs two-kernel | cuDNN ms | two-kernel ms | x cuDNN "
-             + "".join(f"| {n} ms | x cuDNN " for n in names) + "|", "|---" * (10 + 2 * len(names)) + "|"]
-    for (B, H, Hk, N), causal in tqdm([(s, c) for s in shapes for c in flags], desc="shapes"):
+    for B, H, Hk, N, causal, x in cases:
         D = 128
-        x = make_inputs(B, H, N, N, D, dtype="float16", device="cuda", Hk=Hk, draw="device")
         q, k, v, do = x["q"], x["k"], x["v"], x["do"]
         scale, window = D ** -0.5, masks.window_for(causal)
         o, lse = L._forward(q, k, v, window, scale)
@@ -89,11 +63,7 @@ def main() -> None:
         t_cudnn = do_bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), warmup=25, rep=200)
         lines.append(f"| {B} | {H} | {Hk} | {N} | {causal} | {splits} | {diff} | {t_cudnn:.3f} | {t_two:.3f} | "
                      f"{t_cudnn / t_two:.2f} | " + "".join(f"{t:.3f} | {t_cudnn / t:.2f} | " for t in t_ones).strip())
-    print("\n".join(lines))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "hopper_backward_ab.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_table(lines, args.out, "hopper_backward_ab.md")
 
 
 if __name__ == "__main__":
