@@ -44,11 +44,12 @@ Under a causal mask the programs go in groups of heads, each group's heaviest K/
 
 Two small Triton kernels frame it: ``attn_bwd_prep_kernel`` (Delta_i = rowsum(dO_i * O_i) and lse2_i = lse_i *
 log2(e), padded to whole Q tiles for the copy engine, and dQaccum = 0) and ``attn_bwd_dq_fragments_cast_kernel``
-(``attn_bwd_dq_cast_kernel`` with ``DQ_FRAGMENTS=0``: dQ = softmax_scale * dQaccum in the inputs' dtype). Masks, GQA and splits as in ``backward_kernels.py``:
-``masks.q_blocks`` gives the Q tiles that see the block and which of them need the elementwise mask; a program loops
-over its share of the group's query heads, summing dK_j, dV_j in registers; with ``splits`` > 1 (few K/V heads) it
-writes float32 partial sums that the launcher adds up. What it takes (``takes``): sm_90, fp16 or bf16, D = 128, any
-window, GQA, no dropout; q, k, v, dO with TMA's alignment; at least MIN_FLOPS of work.
+(``attn_bwd_dq_cast_kernel`` with ``DQ_FRAGMENTS=0``: dQ = softmax_scale * dQaccum in the inputs' dtype). Masks, GQA
+and splits as in ``backward_kernels.py``: ``masks.q_blocks`` gives the Q tiles that see the block and which of them
+need the elementwise mask; a program loops over its share of the group's query heads, summing dK_j, dV_j in
+registers; with ``splits`` > 1 (few K/V heads) it writes float32 partial sums that the launcher adds up. What it
+takes (``takes``): sm_90, fp16 or bf16, D = 128, any window, GQA, no dropout; q, k, v, dO with TMA's alignment; at
+least MIN_FLOPS of work.
 """
 import functools
 
@@ -325,9 +326,8 @@ def attn_bwd_hopper_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc
 
     q_desc, do_desc: TMA descriptors of Q, dO (B, H, Nq, HEAD_D), blocks (1, 1, BLOCK_M, HEAD_D); k_desc, v_desc: of
     K, V (B, H // group, Nk, HEAD_D), blocks (1, 1, HALF_N, HEAD_D); lse_desc, delta_desc: of LSE2, DELTA (B * H,
-    Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq, HEAD_D) float32, zeroed, blocks (1, 1,
-    BLOCK_M, dq_box()); DK, DV (B, Hk * splits, Nk,
-    HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid, n = B * Hk *
+    Nq_pad) float32, blocks (1, BLOCK_M); dq_desc: of dQaccum (B, H, Nq_pad with DQ_FRAGMENTS else Nq, HEAD_D)
+    float32, zeroed, blocks (1, 1, BLOCK_M, dq_box()); DK, DV (B, Hk * splits, Nk, HEAD_D) contiguous (splits > 1: float32 partial sums of split s at head hk * splits + s). Grid, n = B * Hk *
     splits: (cdiv(Nk, Bc), n) with HEAD_GROUP = 0 (a head's blocks in turn), else (G, n / G * cdiv(Nk, Bc)), G
     dividing n (G heads' block 0, then their block 1, ...).
     """

@@ -15,13 +15,14 @@ upstream Triton) is Triton with those choices left to the kernel: layouts, share
   arrive from each consumer: the slot may be filled again). The consumers never meet at a barrier, so one runs its
   softmax while the other's products are on the tensor cores.
 
-In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j and only S is waited for before the next
-softmax (``warpgroup_mma_wait(1)``), FlashAttention-3's order; ptxas may still move the wait for P_ij V_j up
-(``docs/performance.md`` §8 measures where it lands). On a tile without a mask the softmax takes the row max from the
-unscaled scores (the max, or for a negative scale the min, times scale_log2) and computes P_ij as exp2 of one fma a
-score (``_softmax_step``; 1.4-3.5 % faster on most rows, ``docs/performance.md`` §9). Names as everywhere: Br = 2 * HALF_M query rows a program,
-Bc = BLOCK_N keys a tile, m_i, l_i, acc, S_ij, P_ij; the mask is ``masks.py``'s (window (LEFT, RIGHT), bottom
-right; its ``kv_blocks`` gives the tiles a query block visits and which of them need the elementwise mask).
+In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j and only S is waited for before the next softmax
+(``warpgroup_mma_wait(1)``), FlashAttention-3's order; ptxas may still move the wait for P_ij V_j up
+(``docs/performance.md`` §8 measures where it lands). On a tile without a mask the softmax takes the row max from
+the unscaled scores (the max, or for a negative scale the min, times scale_log2) and computes P_ij as exp2 of one
+fma a score (``_softmax_step``; 1.4-3.5 % faster on most rows, ``docs/performance.md`` §9). Names as everywhere:
+Br = 2 * HALF_M query rows a program, Bc = BLOCK_N keys a tile, m_i, l_i, acc, S_ij, P_ij; the mask is ``masks.py``'s
+(window (LEFT, RIGHT), bottom right; its ``kv_blocks`` gives the tiles a query block visits and which of them need
+the elementwise mask).
 
 What it takes (``takes``): a CUDA device of compute capability 9.0, fp16 or bf16, D = 128, any window,
 grouped-query heads, no dropout; q, k, v with unit last stride and 16-byte aligned base and strides (TMA's rule);
