@@ -11,8 +11,8 @@
 #   bash .ci/gpu_run.sh --out results/gpu cuda         # CUDA ladder and backward vs FA2 (with the config sweeps),
 #                                                      # SASS counts, host time per call (benchmark presets)
 #   bash .ci/gpu_run.sh --out results/gpu triton       # Triton vs FA2 and cuDNN (the triton-vs-fa2 preset); on a
-#                                                      # Hopper also its two backwards beside cuDNN
-#                                                      # (tools/hopper_backward_ab.py)
+#                                                      # Hopper also its two backwards and its two forwards beside
+#                                                      # cuDNN (tools/hopper_backward_ab.py, hopper_forward_ab.py)
 #   bash .ci/gpu_run.sh --out results/gpu hopper       # every GPU backend, fp16/bf16, fwd/bwd, beside FA2 and cuDNN:
 #                                                      # hopper_summary.json (the hopper preset)
 #   bash .ci/gpu_run.sh --out results/gpu variants     # window, GQA and dropout beside FlexAttention and SDPA
@@ -96,6 +96,9 @@ for step in "$@"; do
         timeout "${TRITON_S:-400}" python3 tools/hopper_backward_ab.py --out "$OUT/triton/hopper_backward" \
           > "$OUT/hopper_backward_ab.log" 2>&1
         echo "hopper backward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_backward/hopper_backward_ab.md"
+        timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --out "$OUT/triton/hopper_forward" \
+          > "$OUT/hopper_forward_ab.log" 2>&1
+        echo "hopper forward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_forward/hopper_forward_ab.md"
       fi ;;
     hopper)
       timeout "${HOPPER_S:-580}" python3 -m benchmarks --preset hopper --no-progress \
