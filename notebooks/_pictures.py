@@ -447,6 +447,21 @@ def dq_store_banks(lane: int, n: int = 0, swizzle: str = "new", row_floats: int 
     return first, first + 1
 
 
+def fragment_banks(lane: int) -> tuple[int, int]:
+    """The two banks ``lane`` writes with its first 8-byte store of dQ's sums (warp 0, register pair 0: rows 0-7,
+    columns 0-7) when the block is laid out as the Triton rung's Gluon backward lays it out,
+    ``hopper_backward.dq_fragment_layout`` (the accumulator's register order): where that layout puts row lane // 4,
+    column 2 (lane % 4). Offset bit i of the layout adds its basis i to (row, column)."""
+    from flash_attention_triton.hopper_backward import dq_fragment_layout
+
+    bases = dq_fragment_layout().offset_bases
+    want = (lane // 4, 2 * (lane % 4))
+    for off in range(64 * 64):
+        if tuple(sum(b[d] for i, b in enumerate(bases) if off >> i & 1) for d in (0, 1)) == want:
+            return off % 32, off % 32 + 1
+    raise ValueError(f"fragment_banks: the layout does not hold (row, column) {want}")
+
+
 def dq_pieces(D: int, wg: int) -> list[tuple[int, int]]:
     """The products (first column of K_j, columns) warp group ``wg`` (0 or 1) issues for its D / 2 columns of
     dQ_i += dS_ij K_j in the one-kernel wgmma backward with tiles of 64 queries (wgmma_backward.cu, DqReduce). K_j
