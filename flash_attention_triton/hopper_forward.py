@@ -47,30 +47,61 @@ __all__ = ["takes", "forward", "HEAD_DIMS", "CONFIG"]
 HALF_M = 64  # query rows of one consumer warpgroup; Br = 2 * HALF_M
 BLOCK_N = 128  # Bc: keys of one K/V tile
 HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x at N = 4096, 0.8x at 1024)
-# slots of K and V each (2: 160 KiB of shared memory at D = 128), and the registers of the worker partitions
-# (setmaxnreg: the copy warp gives its registers to the consumers)
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240)
+# STAGES: slots of K and V each (2: 160 KiB of shared memory at D = 128); COPY_REGS, CONSUMER_REGS: the registers of
+# the worker partitions (setmaxnreg: the copy warp gives its registers to the consumers); PERSISTENT: 1 launches one
+# program per SM, each walking the work items pid, pid + programs, ... (``_work_item``), so that the copy warp loads
+# the next item's Q_i and first K/V tiles while the consumers finish the last one; 0 launches one program an item
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, PERSISTENT=1)
 
 
 @gluon.jit
-def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-               off_b, off_h, off_hk, q_start, start, n_tiles, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
-               HALF_M: gl.constexpr):
-    """The producer: Q_i (both halves) once, then K_j and V_j (j = start, start + Bc, ...) into slot j % STAGES."""
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start + HALF_M, 0], q_bar, q_smem.index(1))
-    for t in range(n_tiles):
-        s = t % STAGES
-        phase = (t // STAGES) & 1
-        row = start + t * BLOCK_N
-        # a fresh mbarrier counts the phase before its first as complete: the first STAGES waits return at once
-        mbarrier.wait(k_empty.index(s), phase ^ 1)
-        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, row, 0], k_full.index(s), k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), phase ^ 1)
-        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, row, 0], v_full.index(s), v_smem.index(s))
+def _work_item(w, Nq, Nk, H, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, HALF_M: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """Work item w: query block w % n_blocks of (batch, head) pid_bh = w // n_blocks -> (q_start, pid_bh, off_b,
+    off_h, and ``kv_blocks``' tiles: start, full_start, full_end, n_tiles). With a right bound (causal) a head's
+    blocks go in reverse, the heaviest (the last rows see the most keys) first."""
+    n_blocks = gl.cdiv(Nq, 2 * HALF_M)
+    block = w % n_blocks
+    if WINDOW_RIGHT >= 0:
+        block = n_blocks - 1 - block
+    pid_bh = w // n_blocks
+    q_start = block * 2 * HALF_M
+    # the K/V tiles of this query block: [start, end), of which [full_start, full_end) need no elementwise mask
+    start, full_start, full_end, end = kv_blocks(q_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, 2 * HALF_M, BLOCK_N)
+    n_tiles = (end - start + BLOCK_N - 1) // BLOCK_N
+    return q_start, pid_bh, pid_bh // H, pid_bh % H, start, full_start, full_end, n_tiles
+
+
+@gluon.jit
+def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty,
+               H, group, Nq, Nk, n_items, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr,
+               WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """The producer, for each work item of this program: Q_i (both halves), once both consumers are done with the
+    last item's, then K_j and V_j (j = start, start + Bc, ...); the program's tile number it goes into slot
+    it % STAGES."""
+    it = 0  # K/V tiles loaded so far, over all of this program's items
+    k = 0  # items so far
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        q_start, pid_bh, off_b, off_h, start, full_start, full_end, n_tiles = _work_item(
+            w, Nq, Nk, H, WINDOW_LEFT, WINDOW_RIGHT, HALF_M, BLOCK_N)
+        # a fresh mbarrier counts the phase before its first as complete: the first wait of each returns at once
+        mbarrier.wait(q_empty, (k & 1) ^ 1)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start + HALF_M, 0], q_bar, q_smem.index(1))
+        off_hk = off_h // group
+        for t in range(n_tiles):
+            s = it % STAGES
+            phase = (it // STAGES) & 1
+            row = start + t * BLOCK_N
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_hk, row, 0], k_full.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, row, 0], v_full.index(s), v_smem.index(s))
+            it += 1
+        k += 1
 
 
 @gluon.jit
@@ -115,11 +146,12 @@ def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: 
 
 
 @gluon.jit
-def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
-              pid_bh, q_start, start, full_start, full_end, n_tiles, Nq, Nk, scale_log2,
-              HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-              WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
-    """Consumer warpgroup c: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile of the block."""
+def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
+                 pid_bh, q_start, start, full_start, full_end, n_tiles, it, q_phase, Nq, Nk, scale_log2,
+                 HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
+                 WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """Consumer warpgroup c on one work item: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile
+    of the block; its tile t is the program's tile it + t (slot (it + t) % STAGES)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -137,25 +169,26 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
     m_i = gl.full([HALF_M], float("-inf"), gl.float32, row_s)  # running row max (base 2)
     l_i = gl.zeros([HALF_M], gl.float32, row_s)  # running row sum of exp2(S2 - m)
 
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:  # (none: every row of the block lies outside the window)
         # tile 0 alone: S_i0 = Q_i K_0^T, its softmax
-        mbarrier.wait(k_full.index(0), 0)
-        S_ij = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero, use_acc=False,
+        s0 = it % STAGES
+        mbarrier.wait(k_full.index(s0), (it // STAGES) & 1)
+        S_ij = warpgroup_mma(q, k_smem.index(s0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero, use_acc=False,
                              is_async=True)
         S_ij = warpgroup_mma_wait(0, deps=(S_ij, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(s0), count=1)
         P_ij, m_i, l_i, alpha = _step(S_ij, m_i, l_i, rows, start + cols, Nq, Nk, scale_log2,
                                       (start < full_start) | (start >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
         for t in range(1, n_tiles):
-            s = t % STAGES
-            sp = (t - 1) % STAGES
+            s = (it + t) % STAGES
+            sp = (it + t - 1) % STAGES
             k0 = start + t * BLOCK_N
             # issue S_ij = Q_i K_j^T, then acc += P_i,j-1 V_j-1 (acc is already in m_i,j-1's scale)
-            mbarrier.wait(k_full.index(s), (t // STAGES) & 1)
+            mbarrier.wait(k_full.index(s), ((it + t) // STAGES) & 1)
             S_ij = warpgroup_mma(q, k_smem.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero,
                                  use_acc=False, is_async=True)
-            mbarrier.wait(v_full.index(sp), ((t - 1) // STAGES) & 1)
+            mbarrier.wait(v_full.index(sp), ((it + t - 1) // STAGES) & 1)
             acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout),
                                 v_smem.index(sp).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             # wait for S_ij alone: P V stays on the tensor cores through the softmax
@@ -168,13 +201,17 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
             # acc = alpha * acc: into m_new's scale
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             m_i = m_new
+        # every S_ij is done: Q_i's buffer may take the next item's
+        mbarrier.arrive(q_empty, count=1)
         # the last tile's P V
-        sl = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_full.index(sl), ((n_tiles - 1) // STAGES) & 1)
+        sl = (it + n_tiles - 1) % STAGES
+        mbarrier.wait(v_full.index(sl), ((it + n_tiles - 1) // STAGES) & 1)
         acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout), v_smem.index(sl).reshape([BLOCK_N, HEAD_D]),
                             acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(sl), count=1)
+    else:
+        mbarrier.arrive(q_empty, count=1)
 
     # O_i = acc / l_i; a row that saw no key (l = 0) gets O = 0 and lse = -inf; l = NaN stays NaN (forward_kernel.py)
     none = l_i == 0.0
@@ -192,39 +229,51 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_
     gl.store(ptrs, o.to(dtype), mask=rows_o[:, None] < Nq)
 
 
-@gluon.jit(do_not_specialize=["H", "group", "Nq", "Nk"])
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, scale_log2,
+@gluon.jit
+def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
+              H, Nq, Nk, n_items, scale_log2, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr,
+              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """Consumer warpgroup c: ``_query_block`` for each work item of this program, in the copy warp's order."""
+    it = 0  # K/V tiles consumed so far, over all of this program's items
+    k = 0  # items so far
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        q_start, pid_bh, _, _, start, full_start, full_end, n_tiles = _work_item(w, Nq, Nk, H, WINDOW_LEFT,
+                                                                                  WINDOW_RIGHT, HALF_M, BLOCK_N)
+        _query_block(c, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh,
+                     q_start, start, full_start, full_end, n_tiles, it, k & 1, Nq, Nk, scale_log2, HEAD_D, BLOCK_N,
+                     HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)
+        it += n_tiles
+        k += 1
+
+
+@gluon.jit(do_not_specialize=["H", "group", "Nq", "Nk", "n_items"])
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, n_items, scale_log2,
                            HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
-                           STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """O (B, H, Nq, HEAD_D) contiguous in Q's dtype and LSE (B, H, Nq) float32 (natural log) for one query block of
-    Br = 2 * HALF_M rows of one (batch, head) a program.
+                           STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                           PERSISTENT: gl.constexpr):
+    """O (B, H, Nq, HEAD_D) contiguous in Q's dtype and LSE (B, H, Nq) float32 (natural log), one query block of
+    Br = 2 * HALF_M rows of one (batch, head) a work item, n_items = cdiv(Nq, Br) * B * H of them.
 
     q_desc: TMA descriptor of Q (B, H, Nq, HEAD_D), blocks (1, 1, HALF_M, HEAD_D); k_desc, v_desc: of K, V (B, H //
-    group, Nk, HEAD_D), blocks (1, 1, BLOCK_N, HEAD_D). scale_log2 = softmax_scale * log2(e), signed. Grid:
-    (cdiv(Nq, Br), B * H); with a right bound (causal) the query blocks that see the most keys go first.
+    group, Nk, HEAD_D), blocks (1, 1, BLOCK_N, HEAD_D). scale_log2 = softmax_scale * log2(e), signed. Grid: (P, );
+    program p takes the items p, p + P, ... (``_work_item``: a head's query blocks in turn, with a right bound
+    (causal) the heaviest first); P = n_items (one each) or, PERSISTENT (which only the launcher reads), the number
+    of SMs.
     """
     HALF_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    pid = gl.program_id(0)
-    if WINDOW_RIGHT >= 0:  # heaviest first (tiles.program_rows)
-        pid = gl.num_programs(0) - 1 - pid
-    pid_bh = gl.program_id(1)
-    off_b = pid_bh // H
-    off_h = pid_bh % H
-    q_start = pid * 2 * HALF_M
-    # the K/V tiles of this query block: [start, end), of which [full_start, full_end) need no elementwise mask
-    start, full_start, full_end, end = kv_blocks(q_start, Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT, 2 * HALF_M, BLOCK_N)
-    n_tiles = (end - start + BLOCK_N - 1) // BLOCK_N
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, HALF_M, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_D], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrive from each consumer, after its item's last S_ij
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)  # the copy warp's expect, then the copy engine's bytes
         mbarrier.init(v_full.index(s), count=1)
@@ -232,14 +281,12 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, sca
         mbarrier.init(v_empty.index(s), count=2)
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
-                     start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
-                     WINDOW_LEFT, WINDOW_RIGHT)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
-                     start, full_start, full_end, n_tiles, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
-                     WINDOW_LEFT, WINDOW_RIGHT)),
-        (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_b,
-                      off_h, off_h // group, q_start, start, n_tiles, STAGES, BLOCK_N, HALF_M)),
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, H, Nq, Nk,
+                     n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, H, Nq, Nk,
+                     n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty,
+                      v_empty, H, group, Nq, Nk, n_items, STAGES, BLOCK_N, HALF_M, WINDOW_LEFT, WINDOW_RIGHT)),
     ], [4, 1], [CONSUMER_REGS, COPY_REGS])
 
 
@@ -252,6 +299,11 @@ def _aligned(x: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=None)
 def _sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # The kernel launches from Python: through flash_attn_triton a call costs 147-170 us of host time on the H200's
@@ -307,8 +359,10 @@ def forward(q, k, v, window, scale: float):
              TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, BLOCK_N, D], kv_layout))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    grid = ((Nq + 2 * HALF_M - 1) // (2 * HALF_M), B * H)
-    args = (*descs, o, lse, H, group, Nq, Nk, scale * LOG2E)
+    n_items = (Nq + 2 * HALF_M - 1) // (2 * HALF_M) * B * H
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    grid = (min(n_items, _sm_count(dev)) if CONFIG["PERSISTENT"] else n_items, )
+    args = (*descs, o, lse, H, group, Nq, Nk, n_items, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, q.device, *CONFIG.values())
     compiled = _COMPILED.get(key)
@@ -316,6 +370,6 @@ def forward(q, k, v, window, scale: float):
         _COMPILED[key] = attn_fwd_hopper_kernel[grid](*args, *consts, num_warps=4)
     else:
         stream = triton.runtime.driver.active.get_current_stream(q.device.index)
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args, *consts)
     return o, lse

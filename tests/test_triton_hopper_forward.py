@@ -109,6 +109,28 @@ def test_direct_launch_serves_every_length_of_a_variant():
 
 
 @sm90
+@pytest.mark.parametrize("persistent", [0, 1])
+@pytest.mark.parametrize("case", [(2, 4, 1, 300, 100, masks.CAUSAL), (1, 6, 3, 1000, 777, (64, 0)),
+                                  (2, 3, 3, 517, 333, (3, 7)), (1, 4, 2, 700, 700, masks.FULL)],
+                         ids=["causal-no-key-rows", "local", "window", "full"])
+def test_programs_walk_several_work_items(monkeypatch, case, persistent):
+    """PERSISTENT: 3 programs walk every work item (query blocks of every length, some with no K/V tile at all), so
+    the slots' and Q_i's mbarrier phases run on across items; with PERSISTENT = 0 one program takes each."""
+    B, Hq, Hk, Nq, Nk, window = case
+    monkeypatch.setitem(hf.CONFIG, "PERSISTENT", persistent)
+    monkeypatch.setattr(hf, "_sm_count", lambda device_index: 3)
+    x = make_inputs(B, Hq, Nq, Nk, 128, dtype="float16", device="cuda", Hk=Hk)
+    o, lse = hf.forward(x["q"], x["k"], x["v"], window, 0.1)
+    o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], window_size=window, softmax_scale=0.1,
+                                         return_lse=True)
+    o_ref, lse_ref = torch.as_tensor(o_ref, device="cuda"), torch.as_tensor(lse_ref, device="cuda")
+    assert (o.double() - o_ref).abs().max().item() <= TOL["float16"]
+    assert torch.equal(lse == float("-inf"), lse_ref == float("-inf"))
+    seen = lse_ref != float("-inf")
+    assert (lse[seen].double() - lse_ref[seen]).abs().max().item() <= 1e-4 * math.log(Nk + 1) + 1e-5
+
+
+@sm90
 @pytest.mark.parametrize("scale", [-0.3, 0.0, 2.0])
 @pytest.mark.parametrize("window", [masks.FULL, masks.CAUSAL, (40, 3)], ids=["full", "causal", "local"])
 def test_signed_and_zero_scales(scale, window):

@@ -21,7 +21,8 @@ to 256, Nq != Nk both ways), causal, windows bounded on one side and on both (wi
 partial stages: the merged partial loop of ``masks.two_spans``), grouped-query heads and dropout, each on the
 fixed small-problem config and, for 16-bit inputs up to D = 128, on the autotuner's largest tiles as well; then, on
 an sm_90 GPU, the Gluon forward and backward (``hopper_forward.py``, ``hopper_backward.py``) at D = 128, called
-directly (``GLUON_CASES``). ``--kernels gluon`` runs only those.
+directly (``GLUON_CASES``; the persistent forward once more on two programs, each walking several work items).
+``--kernels gluon`` runs only those.
 """
 from __future__ import annotations
 
@@ -229,6 +230,15 @@ def gluon_inner() -> int:
             o, lse = hopper_forward.forward(x["q"], x["k"], x["v"], window, 128 ** -0.5)
             hopper_backward.backward(x["q"], x["k"], x["v"], o, lse, x["do"], window, 128 ** -0.5, splits)
             n += 4  # the forward; the backward's preparation, Gluon kernel and dQ cast
+    # the persistent forward on two programs, each walking several work items (some with no K/V tile)
+    sm_count, hopper_forward._sm_count = hopper_forward._sm_count, lambda device_index: 2
+    try:
+        for B, Hq, Hk, Nq, Nk, window, _ in GLUON_CASES:
+            x = make_inputs(B, Hq, Nq, Nk, 128, dtype="float16", kind="torch", device="cuda", seed=n, Hk=Hk)
+            hopper_forward.forward(x["q"], x["k"], x["v"], window, 128 ** -0.5)
+            n += 1
+    finally:
+        hopper_forward._sm_count = sm_count
     return n
 
 
