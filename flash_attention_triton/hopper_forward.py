@@ -49,8 +49,8 @@ BLOCK_N = 128  # Bc: keys of one K/V tile
 HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x at N = 4096, 0.8x at 1024)
 # STAGES: slots of K and V each (2: 160 KiB of shared memory at D = 128); COPY_REGS, CONSUMER_REGS: the registers of
 # the worker partitions (setmaxnreg: the copy warp gives its registers to the consumers); PERSISTENT: 1 launches one
-# program per SM, each walking the work items pid, pid + programs, ... (``_work_item``), so that the copy warp loads
-# the next item's Q_i and first K/V tiles while the consumers finish the last one; 0 launches one program an item
+# program per SM, each taking work items until none is left (``_next_item``), so that the copy warp loads the next
+# item's Q_i and first K/V tiles while the consumers finish the last one; 0 launches one program an item
 CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, PERSISTENT=1)
 
 
@@ -73,19 +73,46 @@ def _work_item(w, Nq, Nk, H, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constex
 
 
 @gluon.jit
-def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty,
-               H, group, Nq, Nk, n_items, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr,
-               WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
-    """The producer, for each work item of this program: Q_i (both halves), once both consumers are done with the
-    last item's, then K_j and V_j (j = start, start + Bc, ...); the program's tile number it goes into slot
-    it % STAGES."""
+def _next_item(COUNTER, n_items, PERSISTENT: gl.constexpr):
+    """The next work item of this program: item P + (the items taken so far after the first P), P = num_programs,
+    from a counter in global memory (zero at launch) that every program adds 1 to; n_items (none) when one program
+    takes one item (PERSISTENT = 0). The items go out in order as programs free up, a head's heaviest blocks first
+    under a causal mask, as the hardware hands out a grid's blocks."""
+    if PERSISTENT:
+        return gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
+    else:
+        return n_items
+
+
+@gluon.jit
+def _publish(item_smem, w):
+    """The copy warp's item w into shared memory, for the consumers to read once Q_i's mbarrier completes."""
+    item_smem.store(gl.full([1], w, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+
+
+@gluon.jit
+def _read_item(item_smem):
+    """The work item the copy warp published (in a consumer warpgroup)."""
+    return gl.max(item_smem.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+
+
+@gluon.jit
+def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty,
+               v_empty, COUNTER, H, group, Nq, Nk, n_items, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+               HALF_M: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
+               PERSISTENT: gl.constexpr):
+    """The producer, for each work item w of this program: w itself (``_publish``) and Q_i (both halves), once both
+    consumers are done with the last item's Q_i, then K_j and V_j (j = start, start + Bc, ...); the program's K/V
+    tile number it goes into slot it % STAGES. Then w >= n_items with an empty phase of q_bar: the consumers stop."""
     it = 0  # K/V tiles loaded so far, over all of this program's items
     k = 0  # items so far
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    w = gl.program_id(0)
+    while w < n_items:
         q_start, pid_bh, off_b, off_h, start, full_start, full_end, n_tiles = _work_item(
             w, Nq, Nk, H, WINDOW_LEFT, WINDOW_RIGHT, HALF_M, BLOCK_N)
         # a fresh mbarrier counts the phase before its first as complete: the first wait of each returns at once
         mbarrier.wait(q_empty, (k & 1) ^ 1)
+        _publish(item_smem, w)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start, 0], q_bar, q_smem.index(0))
         tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start + HALF_M, 0], q_bar, q_smem.index(1))
@@ -102,6 +129,10 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k
             tma.async_copy_global_to_shared(v_desc, [off_b, off_hk, row, 0], v_full.index(s), v_smem.index(s))
             it += 1
         k += 1
+        w = _next_item(COUNTER, n_items, PERSISTENT)
+    mbarrier.wait(q_empty, (k & 1) ^ 1)
+    _publish(item_smem, w)
+    mbarrier.arrive(q_bar, count=1)
 
 
 @gluon.jit
@@ -146,12 +177,12 @@ def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: 
 
 
 @gluon.jit
-def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
-                 pid_bh, q_start, start, full_start, full_end, n_tiles, it, q_phase, Nq, Nk, scale_log2,
+def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
+                 pid_bh, q_start, start, full_start, full_end, n_tiles, it, Nq, Nk, scale_log2,
                  HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
                  WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
     """Consumer warpgroup c on one work item: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile
-    of the block; its tile t is the program's tile it + t (slot (it + t) % STAGES)."""
+    of the block, once its Q_i has arrived; its tile t is the program's tile it + t (slot (it + t) % STAGES)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -169,7 +200,6 @@ def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full
     m_i = gl.full([HALF_M], float("-inf"), gl.float32, row_s)  # running row max (base 2)
     l_i = gl.zeros([HALF_M], gl.float32, row_s)  # running row sum of exp2(S2 - m)
 
-    mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:  # (none: every row of the block lies outside the window)
         # tile 0 alone: S_i0 = Q_i K_0^T, its softmax
         s0 = it % STAGES
@@ -230,24 +260,28 @@ def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full
 
 
 @gluon.jit
-def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
-              H, Nq, Nk, n_items, scale_log2, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr,
-              STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
-    """Consumer warpgroup c: ``_query_block`` for each work item of this program, in the copy warp's order."""
+def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty,
+              O, LSE, H, Nq, Nk, n_items, scale_log2, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+              HALF_M: gl.constexpr, STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+    """Consumer warpgroup c: ``_query_block`` for each work item the copy warp publishes, until it publishes none."""
     it = 0  # K/V tiles consumed so far, over all of this program's items
     k = 0  # items so far
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    mbarrier.wait(q_bar, 0)
+    w = _read_item(item_smem)
+    while w < n_items:
         q_start, pid_bh, _, _, start, full_start, full_end, n_tiles = _work_item(w, Nq, Nk, H, WINDOW_LEFT,
                                                                                   WINDOW_RIGHT, HALF_M, BLOCK_N)
-        _query_block(c, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh,
-                     q_start, start, full_start, full_end, n_tiles, it, k & 1, Nq, Nk, scale_log2, HEAD_D, BLOCK_N,
-                     HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)
+        _query_block(c, q_smem, k_smem, v_smem, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
+                     start, full_start, full_end, n_tiles, it, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
+                     WINDOW_LEFT, WINDOW_RIGHT)
         it += n_tiles
         k += 1
+        mbarrier.wait(q_bar, k & 1)
+        w = _read_item(item_smem)
 
 
 @gluon.jit(do_not_specialize=["H", "group", "Nq", "Nk", "n_items"])
-def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, n_items, scale_log2,
+def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, H, group, Nq, Nk, n_items, scale_log2,
                            HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
                            STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                            PERSISTENT: gl.constexpr):
@@ -256,9 +290,9 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, n_i
 
     q_desc: TMA descriptor of Q (B, H, Nq, HEAD_D), blocks (1, 1, HALF_M, HEAD_D); k_desc, v_desc: of K, V (B, H //
     group, Nk, HEAD_D), blocks (1, 1, BLOCK_N, HEAD_D). scale_log2 = softmax_scale * log2(e), signed. Grid: (P, );
-    program p takes the items p, p + P, ... (``_work_item``: a head's query blocks in turn, with a right bound
-    (causal) the heaviest first); P = n_items (one each) or, PERSISTENT (which only the launcher reads), the number
-    of SMs.
+    program p takes item p, then (PERSISTENT) the next item not yet taken (``_next_item``: COUNTER, one int32, 0 at
+    launch) until none is left. Items in order: a head's query blocks in turn, with a right bound (causal) the
+    heaviest first (``_work_item``). P = n_items (one each) or, PERSISTENT, the number of SMs.
     """
     HALF_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -266,13 +300,14 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, n_i
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, HALF_M, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_D], v_desc.layout)
+    item_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_bar, count=1)  # the copy warp's expect (or, for the end, its arrive), then Q_i's bytes
     mbarrier.init(q_empty, count=2)  # one arrive from each consumer, after its item's last S_ij
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)  # the copy warp's expect, then the copy engine's bytes
@@ -281,12 +316,13 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, H, group, Nq, Nk, n_i
         mbarrier.init(v_empty.index(s), count=2)
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, H, Nq, Nk,
-                     n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, H, Nq, Nk,
-                     n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
-        (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty,
-                      v_empty, H, group, Nq, Nk, n_items, STAGES, BLOCK_N, HALF_M, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_consumer, (0, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
+                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_consumer, (1, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
+                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+        (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full,
+                      k_empty, v_empty, COUNTER, H, group, Nq, Nk, n_items, STAGES, BLOCK_N, HALF_M, WINDOW_LEFT,
+                      WINDOW_RIGHT, PERSISTENT)),
     ], [4, 1], [CONSUMER_REGS, COPY_REGS])
 
 
@@ -362,7 +398,9 @@ def forward(q, k, v, window, scale: float):
     n_items = (Nq + 2 * HALF_M - 1) // (2 * HALF_M) * B * H
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     grid = (min(n_items, _sm_count(dev)) if CONFIG["PERSISTENT"] else n_items, )
-    args = (*descs, o, lse, H, group, Nq, Nk, n_items, scale * LOG2E)
+    # the programs' item counter (_next_item), 0 at launch
+    counter = (torch.zeros if CONFIG["PERSISTENT"] else torch.empty)(1, dtype=torch.int32, device=q.device)
+    args = (*descs, o, lse, counter, H, group, Nq, Nk, n_items, scale * LOG2E)
     consts = (D, window[0], window[1], *CONFIG.values())
     key = (q.dtype, D, window, q.device, *CONFIG.values())
     compiled = _COMPILED.get(key)

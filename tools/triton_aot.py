@@ -126,7 +126,7 @@ def compile_hopper_forward(dtype: str, head_dim: int, window, arch: int = 90):
              for name, rows in (("q_desc", hf.HALF_M), ("k_desc", hf.BLOCK_N), ("v_desc", hf.BLOCK_N))}
     left, right = _window(window)
     consts = dict(HEAD_D=head_dim, WINDOW_LEFT=left, WINDOW_RIGHT=right, **hf.CONFIG)
-    sig = {**descs, "O": f"*{ty}", "LSE": "*fp32", "H": "i32", "group": "i32", "Nq": "i32", "Nk": "i32",
+    sig = {**descs, "O": f"*{ty}", "LSE": "*fp32", "COUNTER": "*i32", "H": "i32", "group": "i32", "Nq": "i32", "Nk": "i32",
            "n_items": "i32", "scale_log2": "fp32", **{name: "constexpr" for name in consts}}
     return triton.compile(GluonASTSource(hf.attn_fwd_hopper_kernel, sig, constexprs=consts),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
