@@ -7,20 +7,28 @@ the tensor cores in lockstep, and the kernel stays near 0.7-0.8x cuDNN. Gluon (`
 upstream Triton) is Triton with those choices left to the kernel: layouts, shared memory, mbarriers, TMA copies,
 ``warpgroup_mma`` and its waits, and warp specialisation. This kernel makes them as ``wgmma_ws.cu`` does:
 
-    copy warp (1 warp)          Q_i once; then K_j, V_j into slot j % STAGES by TMA, once both consumers freed it
-    consumer 0 (4 warps)        rows [0, 64) of Q_i: S_ij, the online softmax, acc += P_ij V_j
+    copy warp (1 warp)          for each work item (Q_i, a block of 128 query rows of one head): Q_i, once both
+                                consumers are done with the last item's; then K_j, V_j into slot j % STAGES by
+                                TMA, once both consumers freed it
+    consumer 0 (4 warps)        rows [0, 64) of Q_i: S_ij, the online softmax, acc += P_ij V_j; O_i
     consumer 1 (4 warps)        rows [64, 128) of Q_i: the same, on its own clock
 
-  mbarriers: q_bar (Q_i arrived), k_full/v_full[s] (the copy engine's bytes arrived), k_empty/v_empty[s] (one
-  arrive from each consumer: the slot may be filled again). The consumers never meet at a barrier, so one runs its
-  softmax while the other's products are on the tensor cores.
+  mbarriers: q_bar (Q_i arrived), q_empty (one arrive from each consumer after its last S_ij: Q_i's buffer may take
+  the next item's), k_full/v_full[s] (the copy engine's bytes arrived), k_empty/v_empty[s] (one arrive from each
+  consumer: the slot may be filled again). The consumers never meet at a barrier, so one runs its softmax while the
+  other's products are on the tensor cores.
+
+The programs are persistent (``CONFIG["PERSISTENT"]``, FlashAttention-3's scheduler for a causal mask): one per SM,
+each taking the next work item from a counter in global memory as it frees up (``_next_item``), so that the copy
+warp loads the next item's Q_i and first K/V tiles while the consumers finish the last item's P V and write its O_i.
+The items go out in the order a grid's blocks would, a head's heaviest query blocks first under a causal mask.
 
 In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j and only S is waited for before the next softmax
 (``warpgroup_mma_wait(1)``), FlashAttention-3's order; ptxas may still move the wait for P_ij V_j up
 (``docs/performance.md`` §8 measures where it lands). On a tile without a mask the softmax takes the row max from
 the unscaled scores (the max, or for a negative scale the min, times scale_log2) and computes P_ij as exp2 of one
 fma a score (``_softmax_step``; 1.4-3.5 % faster on most rows, ``docs/performance.md`` §9). Names as everywhere:
-Br = 2 * HALF_M query rows a program, Bc = BLOCK_N keys a tile, m_i, l_i, acc, S_ij, P_ij; the mask is ``masks.py``'s
+Br = 2 * HALF_M query rows an item, Bc = BLOCK_N keys a tile, m_i, l_i, acc, S_ij, P_ij; the mask is ``masks.py``'s
 (window (LEFT, RIGHT), bottom right; its ``kv_blocks`` gives the tiles a query block visits and which of them need
 the elementwise mask).
 
@@ -73,6 +81,12 @@ def _work_item(w, Nq, Nk, H, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constex
 
 
 @gluon.jit
+def _first_item():
+    """This program's first work item: its place in the grid, (P, 1) or (query blocks, B * H)."""
+    return gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+
+
+@gluon.jit
 def _next_item(COUNTER, n_items, PERSISTENT: gl.constexpr):
     """The next work item of this program: item P + (the items taken so far after the first P), P = num_programs,
     from a counter in global memory (zero at launch) that every program adds 1 to; n_items (none) when one program
@@ -106,7 +120,7 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar,
     tile number it goes into slot it % STAGES. Then w >= n_items with an empty phase of q_bar: the consumers stop."""
     it = 0  # K/V tiles loaded so far, over all of this program's items
     k = 0  # items so far
-    w = gl.program_id(0)
+    w = _first_item()
     while w < n_items:
         q_start, pid_bh, off_b, off_h, start, full_start, full_end, n_tiles = _work_item(
             w, Nq, Nk, H, WINDOW_LEFT, WINDOW_RIGHT, HALF_M, BLOCK_N)
@@ -292,7 +306,8 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, H, group, Nq
     group, Nk, HEAD_D), blocks (1, 1, BLOCK_N, HEAD_D). scale_log2 = softmax_scale * log2(e), signed. Grid: (P, );
     program p takes item p, then (PERSISTENT) the next item not yet taken (``_next_item``: COUNTER, one int32, 0 at
     launch) until none is left. Items in order: a head's query blocks in turn, with a right bound (causal) the
-    heaviest first (``_work_item``). P = n_items (one each) or, PERSISTENT, the number of SMs.
+    heaviest first (``_work_item``). PERSISTENT: P = the number of SMs; else the grid is (query blocks, B * H), one
+    item a program.
     """
     HALF_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -395,9 +410,10 @@ def forward(q, k, v, window, scale: float):
              TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, BLOCK_N, D], kv_layout))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    n_items = (Nq + 2 * HALF_M - 1) // (2 * HALF_M) * B * H
+    n_blocks = (Nq + 2 * HALF_M - 1) // (2 * HALF_M)
+    n_items = n_blocks * B * H
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    grid = (min(n_items, _sm_count(dev)) if CONFIG["PERSISTENT"] else n_items, )
+    grid = (min(n_items, _sm_count(dev)), 1) if CONFIG["PERSISTENT"] else (n_blocks, B * H)
     # the programs' item counter (_next_item), 0 at launch
     counter = (torch.zeros if CONFIG["PERSISTENT"] else torch.empty)(1, dtype=torch.int32, device=q.device)
     args = (*descs, o, lse, counter, H, group, Nq, Nk, n_items, scale * LOG2E)
@@ -408,6 +424,6 @@ def forward(q, k, v, window, scale: float):
         _COMPILED[key] = attn_fwd_hopper_kernel[grid](*args, *consts, num_warps=4)
     else:
         stream = triton.runtime.driver.active.get_current_stream(q.device.index)
-        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args, *consts)
     return o, lse
