@@ -52,6 +52,8 @@ from .tiles import LOG2E
 
 __all__ = ["takes", "forward", "HEAD_DIMS", "CONFIG"]
 
+_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier  # the partition's warps meet
+
 HALF_M = 64  # query rows of one consumer warpgroup; Br = 2 * HALF_M
 BLOCK_N = 128  # Bc: keys of one K/V tile
 HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x at N = 4096, 0.8x at 1024)
@@ -100,14 +102,19 @@ def _next_item(COUNTER, n_items, PERSISTENT: gl.constexpr):
 
 @gluon.jit
 def _publish(item_smem, w):
-    """The copy warp's item w into shared memory, for the consumers to read once Q_i's mbarrier completes."""
+    """The copy warp's item w into shared memory, for the consumers to read once Q_i's mbarrier completes: every
+    lane stores, then the warp meets, so that the lane that arrives on the mbarrier next releases all the stores."""
     item_smem.store(gl.full([1], w, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+    _sync_warps()
 
 
 @gluon.jit
 def _read_item(item_smem):
-    """The work item the copy warp published (in a consumer warpgroup)."""
-    return gl.max(item_smem.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+    """The work item the copy warp published (in a consumer warpgroup), once Q_i's mbarrier completed; the
+    warpgroup meets after the read, so that its arrive on q_empty (one thread's) comes after every thread's read."""
+    w = gl.max(item_smem.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+    _sync_warps()
+    return w
 
 
 @gluon.jit
