@@ -916,9 +916,9 @@ H200_GQA_WINDOW = f"{H200_VARIANTS}/gqa-window/variants.json"  # the run after t
 # the runs after the Triton backward's Hopper kernel (hopper_backward.py) became the default
 H200_GQA = f"{H200_VARIANTS}/gqa-gluon-backward/variants.json"
 H200_WINDOW = f"{H200_VARIANTS}/window-gluon-backward/variants.json"
-# the run of both sections with the current Gluon kernels (the causal program order, the forward's one-fma exponent,
-# the backward's row loads)
-H200_TUNED = f"{H200_VARIANTS}/gqa-window-tuned/variants.json"
+# the run of both sections with the current Gluon kernels (the forward's persistent programs and one-fma exponent; the
+# backward's causal program order, row loads and dQ sums in register order)
+H200_TUNED = f"{H200_VARIANTS}/gqa-window-persistent/variants.json"
 
 
 def _section(R, rec, name):
@@ -926,7 +926,7 @@ def _section(R, rec, name):
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records of the current kernels (GQA and window from gqa-window-tuned/; dropout
+    """The same targets from the H200 records of the current kernels (GQA and window from gqa-window-persistent/; dropout
     from dropout/, the run after the kernels' keep test became an integer test)."""
     sections = {"window": _section(R, H200_TUNED, "window"), "gqa": _section(R, H200_TUNED, "gqa"),
                 "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
@@ -943,7 +943,7 @@ def _variant_key(e):
 
 
 def _hopper_kernel_rows(R, mode, before, first, heads, lang):
-    """One row per case of gqa-window-tuned/ in ``mode`` ('fwd' or 'bwd'): the Triton rung's x the best alternative
+    """One row per case of gqa-window-persistent/ in ``mode`` ('fwd' or 'bwd'): the Triton rung's x the best alternative
     in the records ``before`` and ``first`` (dicts by _variant_key), and its ms and x now; ``heads`` names those three
     columns (English, Chinese)."""
     out = []
@@ -962,7 +962,7 @@ def _hopper_kernel_rows(R, mode, before, first, heads, lang):
 def t_triton_hopper_backward(R, lang):
     """The Triton rung's backward on the H200: the GQA and window backwards of gqa-window/ (commit ea72f4a,
     backward_kernels.py's two kernels), of gqa-gluon-backward/ (0f76612) and window-gluon-backward/ (8b75c71),
-    hopper_backward.py's first runs, and of gqa-window-tuned/ (1c687cd), each as x the best PyTorch alternative
+    hopper_backward.py's first runs, and of gqa-window-persistent/ (7a0c194), each as x the best PyTorch alternative
     timed in the same run."""
     two = {_variant_key(e): e for e in R.json(H200_GQA_WINDOW)["summary"]}
     first = {_variant_key(e): e for rec in (H200_WINDOW, H200_GQA) for e in R.json(rec)["summary"]}
@@ -974,7 +974,7 @@ def t_triton_hopper_backward(R, lang):
 def t_triton_hopper_forward(R, lang):
     """The Triton rung's forward on the H200 before and after hopper_forward.py (Gluon): the GQA and window forwards
     of gqa/ (commit 9d8e0a2) and window-dropout/ (c2a73a0), forward_kernel.py, against gqa-window/ (ea72f4a), the
-    Gluon kernel's first run, and gqa-window-tuned/ (1c687cd), each as x the best PyTorch alternative timed in the
+    Gluon kernel's first run, and gqa-window-persistent/ (7a0c194), each as x the best PyTorch alternative timed in the
     same run."""
     before = {_variant_key(e): e for rec in ("gqa", "window-dropout")
               for e in R.json(f"{H200_VARIANTS}/{rec}/variants.json")["summary"]}
