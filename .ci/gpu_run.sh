@@ -96,7 +96,8 @@ for step in "$@"; do
         timeout "${TRITON_S:-400}" python3 tools/hopper_backward_ab.py --out "$OUT/triton/hopper_backward" \
           > "$OUT/hopper_backward_ab.log" 2>&1
         echo "hopper backward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_backward/hopper_backward_ab.md"
-        timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --out "$OUT/triton/hopper_forward" \
+        timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --configs "PERSISTENT=0;PERSISTENT=1" \
+          --out "$OUT/triton/hopper_forward" \
           > "$OUT/hopper_forward_ab.log" 2>&1
         echo "hopper forward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_forward/hopper_forward_ab.md"
       fi ;;
