@@ -66,14 +66,11 @@ from triton._C.libtriton import ir
 from flash_attention_py.masks import CAUSAL
 
 from .backward_kernels import lse_base2
-from .hopper_forward import MIN_FLOPS, _aligned, _sm90, _visible_pairs, shared_layout
+from .hopper_forward import MIN_FLOPS, _aligned, _sm90, _sync_warps, _visible_pairs, shared_layout
 from .masks import q_blocks, visible
 from .tiles import LOG2E
 
 __all__ = ["takes", "backward", "HEAD_DIMS", "CONFIG"]
-
-# a barrier of the calling partition's warps (gl.thread_barrier in Triton 3.6, gl.barrier from 3.7)
-_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
 @builtin

@@ -52,7 +52,8 @@ from .tiles import LOG2E
 
 __all__ = ["takes", "forward", "HEAD_DIMS", "CONFIG"]
 
-_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier  # the partition's warps meet
+# a barrier of the calling partition's warps (gl.thread_barrier in Triton 3.6, gl.barrier from 3.7)
+_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 HALF_M = 64  # query rows of one consumer warpgroup; Br = 2 * HALF_M
 BLOCK_N = 128  # Bc: keys of one K/V tile
