@@ -6,13 +6,15 @@ reduce-adds).
     PYTHONPATH=. FA_CUDA_LAUNCH_PLANS=0 python tools/hopper_backward_ab.py --out results/hopper_backward
     PYTHONPATH=. python tools/hopper_backward_ab.py --shapes 2x32x8x4096,1x32x8x16384 --causal both
     PYTHONPATH=. python tools/hopper_backward_ab.py --configs "HEAD_GROUP=0;HEAD_GROUP=4"
+    PYTHONPATH=. python tools/hopper_backward_ab.py --shapes 1x32x1x16384 --configs "SPLITS=4;SPLITS=8;SPLITS=16"
 
 Each shape is BxHqxHkxN (D = 128, fp16): first the Gluon kernel's dQ, dK, dV against the two-kernel backward's
 (max-abs difference), then the median times (``triton.testing.do_bench``, CUDA events) of the backward alone: cuDNN's
 (SDPA with ``enable_gqa``, through autograd), the two-kernel one and the Gluon one, and each as x cuDNN (above 1:
 faster than cuDNN). Both Triton backwards get the same forward's O and lse; splits as ``launch.dkdv_splits`` picks.
 ``--configs`` times the Gluon kernel once for each of its ``;``-separated settings of ``hopper_backward.CONFIG`` (each
-``KEY=VALUE,...`` over the defaults), a column each. ``--out DIR`` also writes the table to
+``KEY=VALUE,...`` over the defaults), a column each; the key ``SPLITS`` sets the split count instead of
+``launch.dkdv_splits`` (the column "splits" shows the rule's). ``--out DIR`` also writes the table to
 DIR/hopper_backward_ab.md.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ def main() -> None:
 
     args, default, configs, lines, cases = ab_setup(__doc__, "hopper_backward", [
         "B", "Hq", "Hk", "N", "causal", "splits", "max-abs dQ, dK, dV vs two-kernel", "cuDNN ms", "two-kernel ms",
-        "x cuDNN"])
+        "x cuDNN"], extra={"SPLITS": 0})
 
     import torch
     import torch.nn.functional as F
@@ -48,11 +50,15 @@ def main() -> None:
             L.HOPPER_BACKWARD = hopper
         diffs, t_ones = [], []
         for c in configs:
+            c = dict(c)
+            s = c.pop("SPLITS", 0) or splits
+            if (H // Hk) % s:
+                raise SystemExit(f"hopper_backward_ab.py: SPLITS={s} does not divide the group of {H // Hk} query heads")
             hb.CONFIG.update(default, **c)
             try:
-                one = hb.backward(q, k, v, o, lse, do, window, scale, splits)
+                one = hb.backward(q, k, v, o, lse, do, window, scale, s)
                 diffs.append(", ".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(one, two)))
-                t_ones.append(do_bench(lambda: hb.backward(q, k, v, o, lse, do, window, scale, splits), warmup=25,
+                t_ones.append(do_bench(lambda: hb.backward(q, k, v, o, lse, do, window, scale, s), warmup=25,
                                        rep=200))
             finally:
                 hb.CONFIG.update(default)

@@ -36,9 +36,10 @@ def parse_configs(text: str, default: dict, tool: str) -> list[dict]:
     return [{k: int(v) for k, v in c.items()} for c in configs]
 
 
-def ab_setup(doc: str, module: str, columns: list):
+def ab_setup(doc: str, module: str, columns: list, extra: dict | None = None):
     """The command line and set-up the two A/B tools share (this one and hopper_backward_ab.py): parses --shapes,
-    --causal, --configs (over flash_attention_triton.<module>.CONFIG) and --out, then checks for an sm_90 GPU.
+    --causal, --configs (over flash_attention_triton.<module>.CONFIG, and the tool's own ``extra`` keys) and --out,
+    then checks for an sm_90 GPU.
     Returns (args, the module's CONFIG, the settings, the table's lines so far: its header with ``columns`` first and
     two per setting, and a generator of the cases: (B, Hq, Hk, N, causal, make_inputs' dict), D = 128 fp16, with a
     progress bar)."""
@@ -58,7 +59,7 @@ def ab_setup(doc: str, module: str, columns: list):
             raise SystemExit(f"{tool}: --shapes takes BxHqxHkxN, got {'x'.join(map(str, s))}")
     flags = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     default = dict(importlib.import_module(f"flash_attention_triton.{module}").CONFIG)
-    configs = parse_configs(args.configs, default, tool)
+    configs = parse_configs(args.configs, {**default, **(extra or {})}, tool)
 
     import torch
     from tqdm import tqdm
