@@ -21,6 +21,8 @@ upstream Triton) is Triton with those choices left to the kernel: layouts, share
 The programs are persistent (``CONFIG["PERSISTENT"]``, FlashAttention-3's scheduler for a causal mask): one per SM,
 each taking the next work item from a counter in global memory as it frees up (``_next_item``), so that the copy
 warp loads the next item's Q_i and first K/V tiles while the consumers finish the last item's P V and write its O_i.
+The copy warp hands each item to the consumers through shared memory between two named barriers (``_publish``,
+``_read_item``: ``barrier.arrive``/``barrier.sync`` on ITEM_FULL and ITEM_EMPTY), as FlashAttention-3's scheduler does.
 The items go out in the order a grid's blocks would, a head's heaviest query blocks first under a causal mask.
 
 In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j and only S is waited for before the next softmax
@@ -101,20 +103,42 @@ def _next_item(COUNTER, n_items, PERSISTENT: gl.constexpr):
         return n_items
 
 
+# Named barriers for the hand-over of a work item between the copy warp and both consumers (32 + 2 * 128 threads),
+# as FlashAttention-3's tile scheduler hands its tiles over: 14, ITEM_FULL (the item is in shared memory) and 15,
+# ITEM_EMPTY (both consumers have read it); Triton's partitions use the ids 0-2 here. ``barrier.sync``: wait until all
+# 288 threads have reached the barrier; ``barrier.arrive``: count this thread and go on. Either orders the thread's
+# earlier shared-memory accesses before those of the threads that the barrier's completion releases. These are the
+# forms without ``.aligned`` (``bar.sync`` is ``barrier.sync.aligned``): the aligned forms require every thread of a
+# warp to execute the same instruction together, and compute-sanitizer's synccheck found the consumers' threads
+# divergent there.
+ITEM_FULL_SYNC = gl.constexpr("barrier.sync 14, 288; mov.u32 $0, 0;")
+ITEM_FULL_ARRIVE = gl.constexpr("barrier.arrive 14, 288; mov.u32 $0, 0;")
+ITEM_EMPTY_SYNC = gl.constexpr("barrier.sync 15, 288; mov.u32 $0, 0;")
+ITEM_EMPTY_ARRIVE = gl.constexpr("barrier.arrive 15, 288; mov.u32 $0, 0;")
+
+
 @gluon.jit
-def _publish(item_smem, w):
-    """The copy warp's item w into shared memory, for the consumers to read once Q_i's mbarrier completes: every
-    lane stores, then the warp meets, so that the lane that arrives on the mbarrier next releases all the stores."""
+def _bar(asm: gl.constexpr):
+    """One of the named-barrier instructions above, in every thread of the partition."""
+    gl.inline_asm_elementwise(asm, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _publish(item_smem, w, first: gl.constexpr):
+    """The copy warp's item w into shared memory, once both consumers have read the last one (not before the
+    ``first``), then ITEM_FULL's arrive."""
+    if not first:
+        _bar(ITEM_EMPTY_SYNC)
     item_smem.store(gl.full([1], w, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-    _sync_warps()
+    _bar(ITEM_FULL_ARRIVE)
 
 
 @gluon.jit
 def _read_item(item_smem):
-    """The work item the copy warp published (in a consumer warpgroup), once Q_i's mbarrier completed; the
-    warpgroup meets after the read, so that its arrive on q_empty (one thread's) comes after every thread's read."""
+    """The work item the copy warp published (in a consumer warpgroup), then ITEM_EMPTY's arrive."""
+    _bar(ITEM_FULL_SYNC)
     w = gl.max(item_smem.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
-    _sync_warps()
+    _bar(ITEM_EMPTY_ARRIVE)
     return w
 
 
@@ -123,18 +147,18 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar,
                v_empty, COUNTER, H, group, Nq, Nk, n_items, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                HALF_M: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
                PERSISTENT: gl.constexpr):
-    """The producer, for each work item w of this program: w itself (``_publish``) and Q_i (both halves), once both
+    """The producer, for each work item w of this program: w itself (``_publish``), Q_i (both halves) once both
     consumers are done with the last item's Q_i, then K_j and V_j (j = start, start + Bc, ...); the program's K/V
-    tile number it goes into slot it % STAGES. Then w >= n_items with an empty phase of q_bar: the consumers stop."""
+    tile number it goes into slot it % STAGES. The last item it publishes is w >= n_items: the consumers stop."""
     it = 0  # K/V tiles loaded so far, over all of this program's items
     k = 0  # items so far
     w = _first_item()
+    _publish(item_smem, w, True)
     while w < n_items:
         q_start, pid_bh, off_b, off_h, start, full_start, full_end, n_tiles = _work_item(
             w, Nq, Nk, H, WINDOW_LEFT, WINDOW_RIGHT, HALF_M, BLOCK_N)
         # a fresh mbarrier counts the phase before its first as complete: the first wait of each returns at once
         mbarrier.wait(q_empty, (k & 1) ^ 1)
-        _publish(item_smem, w)
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start, 0], q_bar, q_smem.index(0))
         tma.async_copy_global_to_shared(q_desc, [off_b, off_h, q_start + HALF_M, 0], q_bar, q_smem.index(1))
@@ -152,9 +176,8 @@ def _copy_warp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar,
             it += 1
         k += 1
         w = _next_item(COUNTER, n_items, PERSISTENT)
-    mbarrier.wait(q_empty, (k & 1) ^ 1)
-    _publish(item_smem, w)
-    mbarrier.arrive(q_bar, count=1)
+        _publish(item_smem, w, False)
+    _bar(ITEM_EMPTY_SYNC)  # the consumers' arrives after reading the end: every barrier completes before the exit
 
 
 @gluon.jit
@@ -288,17 +311,16 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty
     """Consumer warpgroup c: ``_query_block`` for each work item the copy warp publishes, until it publishes none."""
     it = 0  # K/V tiles consumed so far, over all of this program's items
     k = 0  # items so far
-    mbarrier.wait(q_bar, 0)
     w = _read_item(item_smem)
     while w < n_items:
         q_start, pid_bh, _, _, start, full_start, full_end, n_tiles = _work_item(w, Nq, Nk, H, WINDOW_LEFT,
                                                                                   WINDOW_RIGHT, HALF_M, BLOCK_N)
+        mbarrier.wait(q_bar, k & 1)
         _query_block(c, q_smem, k_smem, v_smem, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
                      start, full_start, full_end, n_tiles, it, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
                      WINDOW_LEFT, WINDOW_RIGHT)
         it += n_tiles
         k += 1
-        mbarrier.wait(q_bar, k & 1)
         w = _read_item(item_smem)
 
 
@@ -330,7 +352,7 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, H, group, Nq
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)  # the copy warp's expect (or, for the end, its arrive), then Q_i's bytes
+    mbarrier.init(q_bar, count=1)  # the copy warp's expect, then Q_i's bytes
     mbarrier.init(q_empty, count=2)  # one arrive from each consumer, after its item's last S_ij
     for s in gl.static_range(STAGES):
         mbarrier.init(k_full.index(s), count=1)  # the copy warp's expect, then the copy engine's bytes

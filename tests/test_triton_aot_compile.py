@@ -152,8 +152,11 @@ out = {}
 for dtype, D, window in (("fp16", 128, (-1, 0)), ("bf16", 64, (256, 256))):
     compiled = triton_aot.compile_hopper_forward(dtype, D, window)
     o = sass_summary.wgmma_overlap(sass_summary.triton_sass(dis, compiled))
-    out[f"{dtype} D={D} window={window}"] = dict(o, shared=compiled.metadata.shared,
-                                                 setmaxnreg="setmaxnreg" in compiled.asm["ptx"])
+    ptx = compiled.asm["ptx"]
+    out[f"{dtype} D={D} window={window}"] = dict(o, shared=compiled.metadata.shared, setmaxnreg="setmaxnreg" in ptx,
+                                                 item_bars={op: ptx.count(op) for op in (
+                                                     "barrier.sync 14, 288", "barrier.arrive 14, 288",
+                                                     "barrier.sync 15, 288", "barrier.arrive 15, 288")})
 print("RESULT " + json.dumps(out))
 """
 
@@ -161,8 +164,9 @@ print("RESULT " + json.dumps(out))
 def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
     """flash_attention_triton/hopper_forward.py (Gluon) compiled for sm_90: its tiles fit one block's shared memory,
     the copy warp hands its registers to the consumers (setmaxnreg), and besides the waits for every product
-    (WARPGROUP.DEPBAR 0) the consumers' loop waits for S_ij alone with P V still in flight (DEPBAR 1), and its exp2s
-    run beside P_ij V_j (docs/performance.md §9, *The Triton forward on a Hopper*)."""
+    (WARPGROUP.DEPBAR 0) the consumers' loop waits for S_ij alone with P V still in flight (DEPBAR 1), its exp2s
+    run beside P_ij V_j, and the work items pass between named barriers (docs/performance.md §9, *The Triton forward
+    on a Hopper*)."""
     result = run_sass_script(HOPPER_SCRIPT, "the Gluon forward")
     for name, o in result.items():
         assert o["shared"] <= 232448, f"{name}: {o['shared']} bytes of shared memory"
@@ -170,6 +174,10 @@ def test_hopper_forward_compiles_for_sm90_and_waits_for_s_alone():
         assert o["hgmma"] > 0 and o["ex2"] > 0 and "1" in o["waits"], (name, o)
         # the loop's exp2s (half of them; the first tile's run alone) with P_ij V_j still in flight on every path
         assert 2 * o["ex2_in_flight"] == o["ex2"], f"{name}: {o['ex2_in_flight']} of {o['ex2']} exp2s beside P V"
+        # the persistent programs' work items handed over between named barriers: the copy warp arrives on
+        # ITEM_FULL (14) and waits on ITEM_EMPTY (15); each consumer waits on 14 and arrives on 15
+        bars = o["item_bars"]
+        assert all(bars.values()) and bars["barrier.sync 14, 288"] == bars["barrier.arrive 15, 288"], (name, bars)
 
 
 HOPPER_BACKWARD_SCRIPT = r"""
