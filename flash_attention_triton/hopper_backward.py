@@ -433,9 +433,23 @@ def takes(q, k, v, do, dropout: bool, window) -> bool:
 _COMPILED: dict = {}  # (dtype, D, window, device) -> the compiled Gluon kernel (as hopper_forward.py's)
 
 
+def splits(q, k) -> int:
+    """The split count of a call (how many programs share a K/V block's group of query heads): ``launch.dkdv_splits``
+    with a program's share of the group held to the L2 cache, 2 Nq D elements (Q_i and dO_i) a query head. Under a
+    causal mask a program's K/V blocks see ever fewer Q tiles, so the programs running at once drift apart over
+    their shares' heads and read all of them at once. On an H200, B1 Hq32 Hk1 N16384 causal: 4 splits (a share of 8
+    heads, 64 MiB) 0.95x cuDNN, 8 splits 1.01x; not causal 0.99x both (docs/results/triton/hopper_backward/README.md,
+    *Development runs*)."""
+    from .launch import dkdv_splits
+
+    B, H, Nq, D = q.shape
+    Hk = k.shape[1]
+    return dkdv_splits(B, Hk, H // Hk, k.shape[2], q.device, 2 * Nq * D * q.element_size())
+
+
 def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     """(dq, dk, dv) for inputs ``takes`` accepted; dk, dv (B, Hk, Nk, D) summed over each group; o, lse contiguous
-    (the forward's); window = (left, right); splits as ``launch.dkdv_splits`` chose."""
+    (the forward's); window = (left, right); splits as ``splits`` chose."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     B, H, Nq, D = q.shape
@@ -462,8 +476,9 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20)
-    group_of = head_group(window, 2 * (group // splits) * Nq * D * q.element_size(), l2)  # Q_i and dO_i of a share
+    from .launch import device_sizes
+
+    group_of = head_group(window, 2 * (group // splits) * Nq * D * q.element_size(), device_sizes(dev)[1])  # Q_i and dO_i of a share
     if group_of and grid[0] * grid[1] <= 65535:  # (else: a head's blocks in turn, on the first axis)
         G = max(g for g in range(1, group_of + 1) if grid[1] % g == 0)  # groups of G heads, G dividing the heads
         grid = (G, grid[1] // G * grid[0])

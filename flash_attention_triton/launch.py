@@ -264,31 +264,40 @@ def _launch(kernel: str, grid_rows: int, BH: int, args, consts, *, Nq, Nk, block
     return None if entry is None else (entry, _grid3(grid), ints)
 
 
-_SM_COUNT = {}
+_DEVICE_SIZES = {}  # device index -> (SMs, L2 bytes)
 SPLIT_BLOCK_N = 128  # the largest Bc of the dK/dV candidates: the fewest programs a config can give
 INTERPRETER_SMS = 2  # under the interpreter, as if the GPU had 2 SMs (so small tests take the split path)
+INTERPRETER_L2 = 50 << 20  # ... and an H100's 50 MiB of L2 cache
 
 
-def dkdv_splits(B: int, Hk: int, group: int, Nk: int, device) -> int:
+def device_sizes(device) -> tuple:
+    """(SMs, bytes of L2 cache) of a CUDA device; (INTERPRETER_SMS, INTERPRETER_L2) under the interpreter or on a
+    CPU."""
+    if INTERPRETED or device.type != "cuda":
+        return INTERPRETER_SMS, INTERPRETER_L2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE_SIZES:
+        props = torch.cuda.get_device_properties(idx)
+        _DEVICE_SIZES[idx] = props.multi_processor_count, getattr(props, "L2_cache_size", INTERPRETER_L2)
+    return _DEVICE_SIZES[idx]
+
+
+def dkdv_splits(B: int, Hk: int, group: int, Nk: int, device, head_bytes: int = 0) -> int:
     """How many programs share one K/V block's group of query heads in the dK/dV kernel.
 
     One program per (K/V block, batch, K/V head) gives B * Hk * cdiv(Nk, Bc) programs: with few K/V heads
     (MQA: Hk = 1) too few to fill the GPU, each looping over all ``group`` query heads. The split is the
     smallest divisor of ``group`` that gives at least two programs per SM (at the largest Bc), else the
-    whole group: 1 without GQA or when the grid is already large.
+    whole group: 1 without GQA or when the grid is already large. With ``head_bytes`` (what one query head's
+    rows a program reads: hopper_backward.py's Q and dO), also the smallest that keeps a program's share of the
+    group within the L2 cache.
     """
     if group == 1:
         return 1
-    if INTERPRETED or device.type != "cuda":
-        sms = INTERPRETER_SMS
-    else:
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        if idx not in _SM_COUNT:
-            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        sms = _SM_COUNT[idx]
+    sms, l2 = device_sizes(device)
     programs = _cdiv(Nk, SPLIT_BLOCK_N) * B * Hk
     for s in range(1, group + 1):
-        if group % s == 0 and programs * s >= 2 * sms:
+        if group % s == 0 and programs * s >= 2 * sms and group // s * head_bytes <= l2:
             return s
     return group
 
@@ -441,9 +450,7 @@ def _backward(q, k, v, o, lse, do, window, scale: float, configs=None, *, dropou
     window, drop = _window(window), dropout_args(dropout_p, dropout_seed)
     hopper = _hopper_backward(q, k, v, do, drop[0] > 0.0, window) if not configs else None
     if hopper is not None:
-        B, H, _, _ = q.shape
-        Hk, Nk = k.shape[1], k.shape[2]
-        return hopper.backward(q, k, v, o, lse, do, window, scale, dkdv_splits(B, Hk, H // Hk, Nk, q.device))
+        return hopper.backward(q, k, v, o, lse, do, window, scale, hopper.splits(q, k))
     key = None if configs else _call_key("bwd", (q, k, v, o, lse, do), window, drop)
     plan = _CALLS.get(key)
     if plan is None:

@@ -91,7 +91,7 @@ def test_program_order_groups_heads_only_under_a_causal_mask_that_fits_in_l2(mon
     assert hb.head_group(masks.FULL, share_bytes(16384), l2) == 2
 
 
-CASES = [  # (B, Hq, Hk, Nq, Nk, window, splits or None: launch.dkdv_splits)
+CASES = [  # (B, Hq, Hk, Nq, Nk, window, splits or None: hb.splits)
     (1, 2, 2, 1, 1, masks.FULL, None),
     (2, 3, 3, 17, 17, masks.CAUSAL, None),
     (1, 4, 2, 100, 300, masks.CAUSAL, None),
@@ -120,7 +120,7 @@ def test_matches_float64(case, dtype):
     o, lse = L._forward(q, k, v, window, scale)
     refs = [torch.as_tensor(r, device="cuda") for r in attention_reference_grads(q, k, v, do, window_size=window)]
     two = L._backward(q, k, v, o, lse, do, window, scale)  # backward_kernels.py (the opt-in is off here)
-    splits = splits or L.dkdv_splits(B, Hk, Hq // Hk, Nk, q.device)
+    splits = splits or hb.splits(q, k)
     got = hb.backward(q, k, v, o, lse, do, window, scale, splits)
     floor = {"float16": 2e-3, "bfloat16": 1e-2}[dtype]
     for name, g, t, r in zip(("dq", "dk", "dv"), got, two, refs):

@@ -102,8 +102,10 @@ def test_gqa_matches_reference(B, Hq, Hk):
 
 def test_dkdv_splits_rule():
     """The dK/dV kernel splits a group only when the grid would be too small: the smallest divisor of the group
-    that gives two programs per SM (the interpreter counts INTERPRETER_SMS = 2)."""
-    from flash_attention_triton.launch import INTERPRETER_SMS, dkdv_splits
+    that gives two programs per SM (the interpreter counts INTERPRETER_SMS = 2); with head_bytes (the Hopper
+    kernel's Q and dO of a query head), also one that keeps a program's share of heads within the L2 cache (the
+    interpreter counts INTERPRETER_L2 = 50 MiB)."""
+    from flash_attention_triton.launch import INTERPRETER_L2, INTERPRETER_SMS, dkdv_splits
 
     cpu = torch.device("cpu")
     assert INTERPRETER_SMS == 2
@@ -111,6 +113,11 @@ def test_dkdv_splits_rule():
     assert dkdv_splits(1, 1, 8, 100, cpu) == 4  # one program: 4 splits give 4 = 2 per SM
     assert dkdv_splits(1, 1, 3, 100, cpu) == 3  # no divisor is enough: one head per program
     assert dkdv_splits(2, 2, 8, 300, cpu) == 1  # 2 * 2 * 3 programs already
+    assert INTERPRETER_L2 == 50 << 20
+    head = 2 * 16384 * 128 * 2  # Q_i and dO_i of a query head at N = 16384, D = 128, fp16: 8 MiB
+    assert dkdv_splits(1, 1, 32, 16384, cpu) == 1  # 128 programs: enough
+    assert dkdv_splits(1, 1, 32, 16384, cpu, head) == 8  # 4 heads (32 MiB) a program; 8 would be 64 MiB
+    assert dkdv_splits(1, 1, 3, 16384, cpu, 64 << 20) == 3  # no divisor is enough: one head per program
 
 
 def test_gqa_split_group_matches_reference():

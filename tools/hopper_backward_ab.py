@@ -11,10 +11,10 @@ reduce-adds).
 Each shape is BxHqxHkxN (D = 128, fp16): first the Gluon kernel's dQ, dK, dV against the two-kernel backward's
 (max-abs difference), then the median times (``triton.testing.do_bench``, CUDA events) of the backward alone: cuDNN's
 (SDPA with ``enable_gqa``, through autograd), the two-kernel one and the Gluon one, and each as x cuDNN (above 1:
-faster than cuDNN). Both Triton backwards get the same forward's O and lse; splits as ``launch.dkdv_splits`` picks.
+faster than cuDNN). Both Triton backwards get the same forward's O and lse; splits as ``hopper_backward.splits`` picks.
 ``--configs`` times the Gluon kernel once for each of its ``;``-separated settings of ``hopper_backward.CONFIG`` (each
 ``KEY=VALUE,...`` over the defaults), a column each; the key ``SPLITS`` sets the split count instead of
-``launch.dkdv_splits`` (the column "splits" shows the rule's). ``--out DIR`` also writes the table to
+``hopper_backward.splits`` (the column "splits" shows the rule's). ``--out DIR`` also writes the table to
 DIR/hopper_backward_ab.md.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
         q, k, v, do = x["q"], x["k"], x["v"], x["do"]
         scale, window = D ** -0.5, masks.window_for(causal)
         o, lse = L._forward(q, k, v, window, scale)
-        splits = L.dkdv_splits(B, Hk, H // Hk, N, q.device)
+        splits = hb.splits(q, k)
         hopper, L.HOPPER_BACKWARD = L.HOPPER_BACKWARD, False  # the two kernels, whatever the dispatch default
         try:
             two = L._backward(q, k, v, o, lse, do, window, scale)
