@@ -556,6 +556,21 @@ def test_scale_that_overflows_float32_is_refused():
     assert_matches(o, attention_reference(x["q"], x["k"], x["v"], softmax_scale=1e4), 1e-2, "o scale=1e4")
 
 
+@pytest.mark.parametrize("scale", [-20.0, -0.3, 0.0, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_signed_and_zero_scales(scale, causal):
+    """forward_kernel.py's unmasked blocks take rowmax(S_ij * scale) from the unscaled scores (their max, or for a
+    negative scale their min, times the scale) and exp2 of one fma a score; the masked blocks scale first. Every
+    sign of the scale, and large ones (a wrong row max would overflow exp2), against float64, with Nq != Nk and ragged ends so that both kinds of block
+    run (and, causal, rows that see no key: O = 0 and lse = -inf)."""
+    x = make_inputs(1, 2, 150, 70, 32, dtype="float32", device=DEVICE)
+    o, lse = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale, return_lse=True)
+    o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
+                                         return_lse=True)
+    assert_matches(o, torch.as_tensor(o_ref), 1e-4, f"o scale={scale}")
+    assert_matches(lse, torch.as_tensor(lse_ref), 1e-4, f"lse scale={scale}")
+
+
 @pytest.mark.slow
 def test_element_offsets_past_int32():
     """A legal strided view whose row offsets pass 2**31 elements: int64 offsets (it segfaulted with int32).
