@@ -9,11 +9,9 @@ The online softmax runs in base 2 with the scale folded in:
 
     S2_ij = S_ij * scale_log2,   scale_log2 = softmax_scale * log2(e)      exp(S * scale - m) = exp2(S2 - m2)
 
-lse is written in natural log at the end (lse = (m2 + log2(l)) * ln(2)). The scale is signed. On a
-block without a mask the row max of S2 comes from the unscaled scores (their max, or for a negative
-scale their min, times scale_log2), so that each score costs one fma and one ``exp2``,
-P_ij = exp2(S_ij * scale_log2 - m2), as in ``hopper_forward.py``; a masked block scales its scores
-first, then sets the invisible ones to -inf.
+so each score costs one multiply and one ``exp2``; lse is written in natural log at the end
+(lse = (m2 + log2(l)) * ln(2)). The scale is signed: the scores are scaled before the row max is
+taken, so a negative (or zero) scale needs nothing else.
 
 The mask is a window (WINDOW_LEFT, WINDOW_RIGHT), bottom-right aligned (``masks.py``; causal =
 (-1, 0)). ``masks.kv_blocks`` splits the K/V blocks of a query block into three stages: partial blocks
@@ -55,26 +53,18 @@ def _fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, stride_kn, stride_vn, offs_m, off
         cols = span_start(i, n1, lo, lo2, BLOCK_N) + offs_n
         # load K_j (Bc, D)
         k = load_tile(K_ptr + cols[:, None] * stride_kn, cols, Nk, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-        # S_ij = Q_i K_j^T  (Br, Bc), fp32 accumulate
-        S_ij = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        if MASKED:  # in base 2 with the signed scale folded in; -inf where key j is past Nk or outside the window
+        # S_ij = Q_i K_j^T  (Br, Bc), fp32 accumulate; then in base 2 with the signed scale folded in
+        S_ij = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2
+        if MASKED:  # -inf where key j is past Nk or outside query i's window
             S_ij = tl.where(visible(offs_m[:, None], cols[None, :], Nq, Nk, WINDOW_LEFT, WINDOW_RIGHT),
-                            S_ij * scale_log2, float("-inf"))
-            m_tile = tl.max(S_ij, 1)
-            scale = 1.0
-        else:  # rowmax(S_ij * scale_log2) from the unscaled scores: their max, or for a negative scale their min
-            if scale_log2 >= 0:
-                m_tile = tl.max(S_ij, 1) * scale_log2
-            else:
-                m_tile = tl.min(S_ij, 1) * scale_log2
-            scale = scale_log2
+                            S_ij, float("-inf"))
         # m_new = max(m_i, rowmax(S_ij))
-        m_new = tl.maximum(m_i, m_tile)
+        m_new = tl.maximum(m_i, tl.max(S_ij, 1))
         # a row that has seen no key yet (or only -inf scores) keeps m = -inf: subtract 0 instead,
         # so exp2(-inf) = 0, not exp2(-inf + inf) = NaN
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        # P_ij = exp2(S_ij - m_new)   (no mask: one fma a score, S_ij * scale_log2 - m_new)
-        P_ij = tl.math.exp2(tl.fma(S_ij, scale, -m_sub[:, None]))
+        # P_ij = exp2(S_ij - m_new)
+        P_ij = tl.math.exp2(S_ij - m_sub[:, None])
         # alpha = exp2(m_old - m_new)
         alpha = tl.math.exp2(m_i - m_sub)
         # l_i = alpha * l_i + rowsum(P_ij)

@@ -559,16 +559,16 @@ def test_scale_that_overflows_float32_is_refused():
 @pytest.mark.parametrize("scale", [-20.0, -0.3, 0.0, 2.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_signed_and_zero_scales(scale, causal):
-    """forward_kernel.py's unmasked blocks take rowmax(S_ij * scale) from the unscaled scores (their max, or for a
-    negative scale their min, times the scale) and exp2 of one fma a score; the masked blocks scale first. Every
-    sign of the scale, and large ones (a wrong row max would overflow exp2), against float64, with Nq != Nk and ragged ends so that both kinds of block
-    run (and, causal, rows that see no key: O = 0 and lse = -inf)."""
+    """The forward with a signed scale: every sign, zero, and large ones (a row max taken on the wrong side would
+    overflow exp2; docs/results/triton/fma_fold/ tried two fma forms of it), against float64, with Nq != Nk and
+    ragged ends so that both kinds of block run (and, causal, rows that see no key: O = 0 and lse = -inf)."""
     x = make_inputs(1, 2, 150, 70, 32, dtype="float32", device=DEVICE)
     o, lse = flash_attn_triton(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale, return_lse=True)
     o_ref, lse_ref = attention_reference(x["q"], x["k"], x["v"], causal=causal, softmax_scale=scale,
                                          return_lse=True)
     assert_matches(o, torch.as_tensor(o_ref), 1e-4, f"o scale={scale}")
-    assert_matches(lse, torch.as_tensor(lse_ref), 1e-4, f"lse scale={scale}")
+    # lse grows with the scale (|lse| ~ |scale| max|S|): float32's rounding of it too
+    assert_matches(lse, torch.as_tensor(lse_ref), 1e-4 * max(1.0, abs(scale)), f"lse scale={scale}")
 
 
 @pytest.mark.slow
