@@ -93,7 +93,8 @@ for step in "$@"; do
         --out "$OUT/triton/triton-vs-fa2" > "$OUT/triton_vs_fa2.log" 2>&1
       echo "triton vs fa2 rc=$?"; tail -n 32 "$OUT/triton/triton-vs-fa2/triton_vs_fa2.md"
       if python3 -c "import sys, torch; sys.exit(torch.cuda.get_device_capability() != (9, 0))" 2>/dev/null; then
-        timeout "${TRITON_S:-400}" python3 tools/hopper_backward_ab.py --out "$OUT/triton/hopper_backward" \
+        timeout "${TRITON_S:-400}" python3 tools/hopper_backward_ab.py \
+          --shapes 2x32x8x4096,2x32x1x4096,4x16x16x4096,1x32x8x16384,1x32x1x16384 --out "$OUT/triton/hopper_backward" \
           > "$OUT/hopper_backward_ab.log" 2>&1
         echo "hopper backward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_backward/hopper_backward_ab.md"
         timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --configs "PERSISTENT=0;PERSISTENT=1" \
