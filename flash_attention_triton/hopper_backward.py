@@ -452,6 +452,8 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     (the forward's); window = (left, right); splits as ``splits`` chose."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .launch import device_sizes
+
     B, H, Nq, D = q.shape
     Hk, Nk = k.shape[1], k.shape[2]
     group = H // Hk
@@ -476,9 +478,8 @@ def backward(q, k, v, o, lse, do, window, scale: float, splits: int):
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, Hk * splits, Nk, D), dtype=torch.float32, device=dev) for _ in range(2))
     grid = (-(-Nk // (2 * HALF_N)), B * Hk * splits)
-    from .launch import device_sizes
-
-    group_of = head_group(window, 2 * (group // splits) * Nq * D * q.element_size(), device_sizes(dev)[1])  # Q_i and dO_i of a share
+    share_bytes = 2 * (group // splits) * Nq * D * q.element_size()  # Q_i and dO_i of a program's share of heads
+    group_of = head_group(window, share_bytes, device_sizes(dev)[1])
     if group_of and grid[0] * grid[1] <= 65535:  # (else: a head's blocks in turn, on the first axis)
         G = max(g for g in range(1, group_of + 1) if grid[1] % g == 0)  # groups of G heads, G dividing the heads
         grid = (G, grid[1] // G * grid[0])

@@ -53,7 +53,8 @@ def main() -> None:
             c = dict(c)
             s = c.pop("SPLITS", 0) or splits
             if (H // Hk) % s:
-                raise SystemExit(f"hopper_backward_ab.py: SPLITS={s} does not divide the group of {H // Hk} query heads")
+                raise SystemExit(f"hopper_backward_ab.py: SPLITS={s} does not divide the group of {H // Hk} query "
+                                 "heads")
             hb.CONFIG.update(default, **c)
             try:
                 one = hb.backward(q, k, v, o, lse, do, window, scale, s)
