@@ -97,7 +97,7 @@ for step in "$@"; do
           --shapes 2x32x8x4096,2x32x1x4096,4x16x16x4096,1x32x8x16384,1x32x1x16384 --out "$OUT/triton/hopper_backward" \
           > "$OUT/hopper_backward_ab.log" 2>&1
         echo "hopper backward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_backward/hopper_backward_ab.md"
-        timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --configs "PERSISTENT=0;PERSISTENT=1" \
+        timeout "${TRITON_S:-400}" python3 tools/hopper_forward_ab.py --configs "RESCALE_EARLY=0;RESCALE_EARLY=1" \
           --out "$OUT/triton/hopper_forward" \
           > "$OUT/hopper_forward_ab.log" 2>&1
         echo "hopper forward a/b rc=$?"; grep -E "^\|" "$OUT/triton/hopper_forward/hopper_forward_ab.md"

@@ -25,8 +25,9 @@ The copy warp hands each item to the consumers through shared memory between two
 ``_read_item``: ``barrier.arrive``/``barrier.sync`` on ITEM_FULL and ITEM_EMPTY), as FlashAttention-3's scheduler does.
 The items go out in the order a grid's blocks would, a head's heaviest query blocks first under a causal mask.
 
-In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j and only S is waited for before the next softmax
-(``warpgroup_mma_wait(1)``), FlashAttention-3's order; ptxas may still move the wait for P_ij V_j up
+In each consumer, S_i,j+1 = Q_i K_j+1^T is issued before P_ij V_j, acc is rescaled between the two (its multiplies
+run while S_i,j+1 is on the tensor cores), and only S is waited for before the next softmax
+(``warpgroup_mma_wait(1)``): FlashAttention-3's order; ptxas may still move the wait for P_ij V_j up
 (``docs/performance.md`` §8 measures where it lands). On a tile without a mask the softmax takes the row max from
 the unscaled scores (the max, or for a negative scale the min, times scale_log2) and computes P_ij as exp2 of one
 fma a score (``_softmax_step``; 1.4-3.5 % faster on most rows, ``docs/performance.md`` §9). Names as everywhere:
@@ -63,8 +64,10 @@ HEAD_DIMS = (128, )  # D = 64 ran no faster than forward_kernel.py (0.99-1.01x a
 # STAGES: slots of K and V each (2: 160 KiB of shared memory at D = 128); COPY_REGS, CONSUMER_REGS: the registers of
 # the worker partitions (setmaxnreg: the copy warp gives its registers to the consumers); PERSISTENT: 1 launches one
 # program per SM, each taking work items until none is left (``_next_item``), so that the copy warp loads the next
-# item's Q_i and first K/V tiles while the consumers finish the last one; 0 launches one program an item
-CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, PERSISTENT=1)
+# item's Q_i and first K/V tiles while the consumers finish the last one; 0 launches one program an item;
+# RESCALE_EARLY: 1 rescales acc by alpha_i,j-1 after issuing S_ij (FlashAttention-3's place: the multiplies run while
+# S_ij is on the tensor cores), 0 at the end of the step, before S_i,j+1 is issued (docs/performance.md §9)
+CONFIG = dict(STAGES=2, COPY_REGS=24, CONSUMER_REGS=240, PERSISTENT=1, RESCALE_EARLY=1)
 
 
 @gluon.jit
@@ -225,7 +228,7 @@ def _step(S_ij, m_i, l_i, rows, cols, Nq, Nk, scale_log2, partial, WINDOW_LEFT: 
 def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
                  pid_bh, q_start, start, full_start, full_end, n_tiles, it, Nq, Nk, scale_log2,
                  HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-                 WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+                 WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, RESCALE_EARLY: gl.constexpr):
     """Consumer warpgroup c on one work item: rows [q_start + c * HALF_M, + HALF_M) of Q_i against every K/V tile
     of the block, once its Q_i has arrived; its tile t is the program's tile it + t (slot (it + t) % STAGES)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -259,28 +262,31 @@ def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_empty, k_full, v_ful
             s = (it + t) % STAGES
             sp = (it + t - 1) % STAGES
             k0 = start + t * BLOCK_N
-            # issue S_ij = Q_i K_j^T, then acc += P_i,j-1 V_j-1 (acc is already in m_i,j-1's scale)
+            # issue S_ij = Q_i K_j^T, then acc += P_i,j-1 V_j-1 in m_i,j-1's scale
             mbarrier.wait(k_full.index(s), ((it + t) // STAGES) & 1)
             S_ij = warpgroup_mma(q, k_smem.index(s).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), S_zero,
                                  use_acc=False, is_async=True)
             mbarrier.wait(v_full.index(sp), ((it + t - 1) // STAGES) & 1)
+            if RESCALE_EARLY:  # acc = alpha_i,j-1 * acc: into m_i,j-1's scale, while S_ij is on the tensor cores
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout),
                                 v_smem.index(sp).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             # wait for S_ij alone: P V stays on the tensor cores through the softmax
             S_ij = warpgroup_mma_wait(1, deps=(S_ij, ))
             mbarrier.arrive(k_empty.index(s), count=1)
-            P_ij, m_new, l_i, alpha = _step(S_ij, m_i, l_i, rows, k0 + cols, Nq, Nk, scale_log2,
-                                            (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
+            P_ij, m_i, l_i, alpha = _step(S_ij, m_i, l_i, rows, k0 + cols, Nq, Nk, scale_log2,
+                                          (k0 < full_start) | (k0 >= full_end), WINDOW_LEFT, WINDOW_RIGHT)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(sp), count=1)
-            # acc = alpha * acc: into m_new's scale
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            m_i = m_new
+            if not RESCALE_EARLY:  # acc = alpha_ij * acc: into m_ij's scale, before S_i,j+1 is issued
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         # every S_ij is done: Q_i's buffer may take the next item's
         mbarrier.arrive(q_empty, count=1)
         # the last tile's P V
         sl = (it + n_tiles - 1) % STAGES
         mbarrier.wait(v_full.index(sl), ((it + n_tiles - 1) // STAGES) & 1)
+        if RESCALE_EARLY:
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(P_ij.to(dtype), p_layout), v_smem.index(sl).reshape([BLOCK_N, HEAD_D]),
                             acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -307,7 +313,8 @@ def _query_block(c: gl.constexpr, q_smem, k_smem, v_smem, q_empty, k_full, v_ful
 @gluon.jit
 def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty,
               O, LSE, H, Nq, Nk, n_items, scale_log2, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
-              HALF_M: gl.constexpr, STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
+              HALF_M: gl.constexpr, STAGES: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
+              RESCALE_EARLY: gl.constexpr):
     """Consumer warpgroup c: ``_query_block`` for each work item the copy warp publishes, until it publishes none."""
     it = 0  # K/V tiles consumed so far, over all of this program's items
     k = 0  # items so far
@@ -318,7 +325,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty
         mbarrier.wait(q_bar, k & 1)
         _query_block(c, q_smem, k_smem, v_smem, q_empty, k_full, v_full, k_empty, v_empty, O, LSE, pid_bh, q_start,
                      start, full_start, full_end, n_tiles, it, Nq, Nk, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES,
-                     WINDOW_LEFT, WINDOW_RIGHT)
+                     WINDOW_LEFT, WINDOW_RIGHT, RESCALE_EARLY)
         it += n_tiles
         k += 1
         w = _read_item(item_smem)
@@ -328,7 +335,7 @@ def _consumer(c: gl.constexpr, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty
 def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, H, group, Nq, Nk, n_items, scale_log2,
                            HEAD_D: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr,
                            STAGES: gl.constexpr, COPY_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                           PERSISTENT: gl.constexpr):
+                           PERSISTENT: gl.constexpr, RESCALE_EARLY: gl.constexpr):
     """O (B, H, Nq, HEAD_D) contiguous in Q's dtype and LSE (B, H, Nq) float32 (natural log), one query block of
     Br = 2 * HALF_M rows of one (batch, head) a work item, n_items = cdiv(Nq, Br) * B * H of them.
 
@@ -362,9 +369,11 @@ def attn_fwd_hopper_kernel(q_desc, k_desc, v_desc, O, LSE, COUNTER, H, group, Nq
 
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
-                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT,
+                     RESCALE_EARLY)),
         (_consumer, (1, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, O, LSE,
-                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT)),
+                     H, Nq, Nk, n_items, scale_log2, HEAD_D, BLOCK_N, HALF_M, STAGES, WINDOW_LEFT, WINDOW_RIGHT,
+                     RESCALE_EARLY)),
         (_copy_warp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, item_smem, q_bar, q_empty, k_full, v_full,
                       k_empty, v_empty, COUNTER, H, group, Nq, Nk, n_items, STAGES, BLOCK_N, HALF_M, WINDOW_LEFT,
                       WINDOW_RIGHT, PERSISTENT)),

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from flash_attention_py import attention_reference, make_inputs, masks
+from flash_attention_py import attention_naive, attention_reference, make_inputs, masks
+from flash_attention_py.testing import FLOOR, LSE_FLOOR
 
 pytest.importorskip("triton")
 hf = pytest.importorskip("flash_attention_triton.hopper_forward")
@@ -146,3 +147,32 @@ def test_signed_and_zero_scales(scale, window):
     assert err <= TOL["float16"], f"scale {scale}: max-abs {err:.2e}"
     seen = lse_ref > float("-inf")
     assert (lse[seen].double() - lse_ref[seen]).abs().max().item() <= 1e-3
+
+
+@sm90
+@pytest.mark.parametrize("early", [1, 0], ids=["rescale-early", "rescale-late"])
+@pytest.mark.parametrize("window", [masks.FULL, masks.CAUSAL, (300, 0)], ids=["full", "causal", "local"])
+def test_rescale_with_growing_scores(monkeypatch, early, window):
+    """acc's rescale by alpha, in both places (RESCALE_EARLY: after S_ij is issued, into the last tile's m_i; else
+    at the end of the step), where the row maxima keep growing: each row's scores climb along the keys at a slope of
+    its own, from -1 to 3 over the rows, so that the steepest rows grow their max by up to 2^17 a tile of 128 keys,
+    the gentlest by less than 2^8, and falling rows keep their first tile's max. O and lse within twice naive
+    attention's error in fp16, plus its floor."""
+    monkeypatch.setitem(hf.CONFIG, "RESCALE_EARLY", early)
+    B, H, Nq, Nk, D = 1, 2, 200, 1100, 128
+    x = make_inputs(B, H, Nq, Nk, D, dtype="float32", device="cuda", seed=3)
+    q, k, v = x["q"], x["k"], x["v"]
+    q[..., 0] = 4.0 * torch.linspace(-1.0, 3.0, Nq, device="cuda")  # score_ij climbs by 100 slope / 3 over the keys
+    k[..., 0] = torch.linspace(0.0, 25.0 * math.sqrt(D) / 3.0, Nk, device="cuda")
+    q, k, v = (t.half().contiguous() for t in (q, k, v))
+    o, lse = hf.forward(q, k, v, window, D ** -0.5)
+    o_ref, lse_ref = attention_reference(q, k, v, window_size=window, return_lse=True)
+    o_naive, lse_naive = attention_naive(q, k, v, window_size=window, return_lse=True)
+    o_ref, lse_ref = torch.as_tensor(o_ref, device="cuda"), torch.as_tensor(lse_ref, device="cuda")
+    for name, out, ref, naive, floor in (("o", o, o_ref, o_naive, FLOOR["float16"]),
+                                         ("lse", lse, lse_ref, lse_naive, LSE_FLOOR["float16"])):
+        seen = ref.abs() < float("inf")
+        err = (out.double() - ref)[seen].abs().max().item()
+        bound = 2.0 * (torch.as_tensor(naive, device="cuda").double() - ref)[seen].abs().max().item() + floor
+        assert err <= bound, (name, err, bound)
+    assert torch.equal(lse == float("-inf"), lse_ref == float("-inf"))
