@@ -916,9 +916,9 @@ H200_GQA_WINDOW = f"{H200_VARIANTS}/gqa-window/variants.json"  # the run after t
 # the runs after the Triton backward's Hopper kernel (hopper_backward.py) became the default
 H200_GQA = f"{H200_VARIANTS}/gqa-gluon-backward/variants.json"
 H200_WINDOW = f"{H200_VARIANTS}/window-gluon-backward/variants.json"
-# the run of both sections with the current Gluon kernels (the forward's persistent programs and one-fma exponent; the
-# backward's causal program order, row loads and dQ sums in register order)
-H200_TUNED = f"{H200_VARIANTS}/gqa-window-splits/variants.json"
+# the run of both sections with the current Gluon kernels (the forward's persistent programs, one-fma exponent and
+# rescale after S_ij's issue; the backward's causal program order, row loads, dQ sums in register order and split rule)
+H200_TUNED = f"{H200_VARIANTS}/gqa-window-rescale/variants.json"
 
 
 def _section(R, rec, name):
@@ -926,7 +926,7 @@ def _section(R, rec, name):
 
 
 def t_variants_targets_h200(R, lang):
-    """The same targets from the H200 records of the current kernels (GQA and window from gqa-window-splits/; dropout
+    """The same targets from the H200 records of the current kernels (GQA and window from gqa-window-rescale/; dropout
     from dropout/, the run after the kernels' keep test became an integer test)."""
     sections = {"window": _section(R, H200_TUNED, "window"), "gqa": _section(R, H200_TUNED, "gqa"),
                 "dropout": R.json(f"{H200_VARIANTS}/dropout/variants.json")["summary"]}
@@ -943,7 +943,7 @@ def _variant_key(e):
 
 
 def _hopper_kernel_rows(R, mode, before, first, heads, lang):
-    """One row per case of gqa-window-splits/ in ``mode`` ('fwd' or 'bwd'): the Triton rung's x the best alternative
+    """One row per case of gqa-window-rescale/ in ``mode`` ('fwd' or 'bwd'): the Triton rung's x the best alternative
     in the records ``before`` and ``first`` (dicts by _variant_key), and its ms and x now; ``heads`` names those three
     columns (English, Chinese)."""
     out = []
